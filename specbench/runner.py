@@ -1,0 +1,279 @@
+"""One benchmark run: a method on a task with a model, AR interleaved question by question.
+
+Interleaving (AR on question i, then the method on question i) keeps slow drift of the machine
+(thermal, other load) from favouring either side. Both sides' answers are appended as they
+finish, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specbench import lossless, metrics
+from specbench.chat import prompt_ids
+from specbench.engine import Engine
+from specbench.models import eos_token_ids, load_model, resolve_device, resolve_dtype
+from specbench.registry import available_methods, build_drafter
+from specbench.results import append_jsonl, repair_jsonl, write_json_atomic
+from specbench.tasks import SUBTASKS, Question, load_task
+
+# Settings that must match for answers to be resumed or an AR run to be reused.
+IDENTITY_KEYS = ("model", "task", "max_new_tokens", "temperature", "dtype", "device", "seed")
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def method_params(cfg: dict) -> dict:
+    return {k: v for k, v in cfg["method"].items() if k != "name"}
+
+
+def results_dir_for(cfg: dict, method: str) -> Path:
+    if cfg.get("results_dir") and method == cfg["method"]["name"]:
+        return Path(cfg["results_dir"])
+    task = cfg["task"]["name"] + (f"-ps{cfg['task']['per_subtask']}" if cfg["task"].get("per_subtask") else "")
+    return (Path(cfg.get("results_root", "results")) / cfg["model"]["name"] / task
+            / f"{method}-t{cfg['temperature']:g}-m{cfg['max_new_tokens']}")
+
+
+def identity(cfg: dict) -> dict:
+    return {
+        "model": cfg["model"]["name"], "model_path": cfg["model"].get("path"),
+        "task": cfg["task"]["name"], "task_path": cfg["task"].get("path"),
+        "per_subtask": cfg["task"].get("per_subtask"), "max_new_tokens": cfg["max_new_tokens"],
+        "temperature": cfg["temperature"], "dtype": cfg["dtype"], "device": str(cfg["device"]),
+        "seed": cfg["seed"],
+    }
+
+
+def validate(cfg: dict) -> None:
+    if cfg["method"]["name"] not in available_methods():
+        raise SettingsError(
+            f"unknown method '{cfg['method']['name']}'. Valid methods: {', '.join(available_methods())}"
+        )
+    if cfg["max_new_tokens"] is None or int(cfg["max_new_tokens"]) < 1:
+        raise SettingsError(f"max_new_tokens must be at least 1, got {cfg['max_new_tokens']}")
+    if cfg["warmup"] < 0:
+        raise SettingsError(f"warmup must be 0 or more, got {cfg['warmup']}")
+    if cfg["temperature"] != 0:
+        raise SettingsError(
+            f"temperature={cfg['temperature']}: sampling is not implemented yet; use temperature=0"
+        )
+    if cfg["baseline"] not in ("interleave", "reuse", "none"):
+        raise SettingsError(f"baseline must be interleave, reuse or none, got '{cfg['baseline']}'")
+
+
+def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str, max_new: int) -> dict:
+    """All turns of one question; turn 2 sees the model's own turn-1 answer, as in Spec-Bench."""
+    drafter.start_question()
+    messages: list[dict] = []
+    turns = []
+    for text in q.turns:
+        messages.append({"role": "user", "content": text})
+        ids = prompt_ids(tokenizer, messages, template)
+        r = engine.generate(ids, drafter, max_new)
+        answer = tokenizer.decode(r.tokens, skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": answer})
+        turns.append({
+            "prompt_ids": ids, "output": answer, "token_ids": r.tokens, "new_tokens": r.new_tokens,
+            "wall_time": r.wall_time, "prefill_time": r.prefill_time, "decoding_steps": r.decoding_steps,
+            "accept_lengths": r.accept_lengths,
+        })
+    return {"question_id": q.question_id, "category": q.category, "subtask": q.subtask,
+            "method": drafter.name, "turns": turns}
+
+
+def _stored(record: dict) -> dict:
+    """What goes to answers.jsonl: prompt ids are derivable and long, so they stay in memory."""
+    out = dict(record)
+    out["turns"] = [{k: v for k, v in t.items() if k != "prompt_ids"} for t in record["turns"]]
+    return out
+
+
+def _check_identity(path: Path, ident: dict) -> None:
+    cfg_file = path / "run_config.json"
+    if cfg_file.is_file():
+        old = json.loads(cfg_file.read_text())["identity"]
+        diff = {k: (old.get(k), v) for k, v in ident.items() if old.get(k) != v}
+        if diff:
+            raise SettingsError(
+                f"{path} holds answers made with other settings {diff}; give another results_dir=... "
+                f"or delete that directory"
+            )
+
+
+def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dict]) -> dict:
+    ids = {r["question_id"] for r in records}
+    base = [b for b in base if b["question_id"] in ids]
+    summary = {
+        "method": cfg["method"]["name"], "method_params": method_params(cfg),
+        "lossless_method": True,
+        "model": cfg["model"]["name"], "task": cfg["task"]["name"], "temperature": cfg["temperature"],
+        "dtype": cfg["dtype"], "device": cfg["device_name"], "max_new_tokens": cfg["max_new_tokens"],
+        "questions": len(records),
+        "new_tokens": sum(t["new_tokens"] for r in records for t in r["turns"]),
+        "wall_time": sum(t["wall_time"] for r in records for t in r["turns"]),
+        "tokens_per_s": metrics.tokens_per_s(records),
+        "decode_tokens_per_s": metrics.tokens_per_s(records, decode_only=True),
+        "mat": metrics.mat(records),
+        "subtask_mat": {s: metrics.mat([r for r in records if r["subtask"] == s])
+                        for s in SUBTASKS if any(r["subtask"] == s for r in records)},
+        "baseline": cfg["baseline"],
+        "baseline_tokens_per_s": metrics.tokens_per_s(base) if base else None,
+        "speedup": metrics.speedup(records, base) if base else None,
+        "decode_speedup": metrics.speedup(records, base, decode_only=True) if base else None,
+        "lossless": lossless.tally(checks),
+        "lossless_details": [dict(c, question_id=r["question_id"]) for r, c in zip(records, checks)
+                             if c["status"] != "exact"],
+        "warmup": cfg["warmup"],
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": __import__("transformers").__version__},
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    return summary
+
+
+def format_table(summary: dict) -> str:
+    cols = [s for s in SUBTASKS if summary["speedup"] and s in summary["speedup"]]
+    head = ["method", *cols, "overall", "MAT", "tokens/s", "lossless"]
+    sp = summary["speedup"] or {}
+    lo = summary["lossless"]
+    row = [summary["method"], *[f"{sp[c]:.2f}x" for c in cols],
+           f"{sp['overall']:.2f}x" if sp.get("overall") else "-", f"{summary['mat']:.2f}",
+           f"{summary['tokens_per_s']:.1f}",
+           f"{lo['exact']}/{lo['checked']} exact, {lo['numeric_ties']} ties, {lo['mismatches']} mismatches"]
+    rows = [head, row]
+    if summary["baseline_tokens_per_s"]:
+        rows.insert(1, ["ar", *["1.00x"] * len(cols), "1.00x", "1.00",
+                        f"{summary['baseline_tokens_per_s']:.1f}", "reference"])
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(rows[0]), sep, *map(line, rows[1:])])
+
+
+def run_benchmark(cfg: dict) -> dict:
+    """Run, write answers and summary, print the table. Returns the summary."""
+    cfg = dict(cfg)
+    if cfg.get("max_new_tokens") is None:
+        cfg["max_new_tokens"] = cfg["task"]["max_new_tokens"]
+    validate(cfg)
+    torch.manual_seed(cfg["seed"])
+    device = resolve_device(cfg["device"])
+    dtype = resolve_dtype(cfg["dtype"])
+    cfg["device"] = str(device)
+    cfg["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+        platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
+    questions = load_task(cfg["task"])
+    method = cfg["method"]["name"]
+
+    out_dir = results_dir_for(cfg, method)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ident = identity(cfg)
+    _check_identity(out_dir, ident)
+    write_json_atomic(out_dir / "run_config.json", {"identity": ident, "config": cfg})
+    answers_path = out_dir / "answers.jsonl"
+    done = {r["question_id"]: r for r in repair_jsonl(answers_path)}
+
+    with_baseline = method != "ar" and cfg["baseline"] != "none"
+    base_path = out_dir / "baseline_answers.jsonl"
+    base_done: dict = {}
+    if with_baseline and cfg["baseline"] == "reuse":
+        ar_dir = results_dir_for(cfg, "ar")
+        _check_identity(ar_dir, ident)
+        base_done = {r["question_id"]: r for r in repair_jsonl(ar_dir / "answers.jsonl")}
+        missing = [q.question_id for q in questions if q.question_id not in base_done]
+        if missing:
+            raise SettingsError(
+                f"baseline=reuse: {ar_dir} lacks AR answers for {len(missing)} question(s) "
+                f"(e.g. {missing[0]}); run method=ar with the same settings first, or use baseline=interleave"
+            )
+    elif with_baseline:
+        base_done = {r["question_id"]: r for r in repair_jsonl(base_path)}
+
+    model, tok = load_model(cfg["model"], device, dtype)
+    engine = Engine(model, eos_token_ids(model, tok))
+    params = method_params(cfg)
+    drafter = build_drafter(method, vocab_size=model.get_output_embeddings().weight.shape[0],
+                            device=device, **params)
+    ar = build_drafter("ar")
+    template = cfg["model"].get("chat_template", "auto")
+    max_new = int(cfg["max_new_tokens"])
+    tolerance = cfg["lossless"].get("tie_tolerance") or lossless.TIE_TOLERANCE[cfg["dtype"]]
+
+    todo = [q for q in questions if q.question_id not in done]
+    if todo and cfg["warmup"]:
+        warm_q = Question(todo[0].question_id, todo[0].category, todo[0].turns[:1])
+        for _ in range(cfg["warmup"]):
+            run_question(engine, ar, tok, warm_q, template, max_new)
+            if method != "ar":
+                run_question(engine, drafter, tok, warm_q, template, max_new)
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(questions), initial=len(questions) - len(todo), desc=f"{method}",
+               unit="q", disable=not cfg.get("progress", True), dynamic_ncols=True)
+    for q in todo:
+        if with_baseline and q.question_id not in base_done:
+            base_rec = run_question(engine, ar, tok, q, template, max_new)
+            append_jsonl(base_path, _stored(base_rec))
+            base_done[q.question_id] = base_rec
+        rec = run_question(engine, drafter if method != "ar" else ar, tok, q, template, max_new)
+        if with_baseline and cfg["lossless"]["check"]:
+            base_rec = base_done[q.question_id]
+            if "prompt_ids" not in base_rec["turns"][0]:  # resumed or reused: rebuild the prompts
+                base_rec = _with_prompts(base_rec, q, tok, template)
+            rec["lossless"] = lossless.compare_question(model, base_rec, rec, tolerance)
+        else:
+            rec["lossless"] = {"status": "exact"} if method == "ar" else {"status": "unchecked"}
+        append_jsonl(answers_path, _stored(rec))
+        done[q.question_id] = rec
+        recs = list(done.values())
+        post = {"tok/s": f"{metrics.tokens_per_s(recs):.1f}", "MAT": f"{metrics.mat(recs):.2f}"}
+        if with_baseline:
+            post["speedup"] = f"{metrics.speedup(recs, list(base_done.values()))['overall']:.2f}x"
+        bar.set_postfix(post)
+        bar.update(1)
+    bar.close()
+
+    records = [done[q.question_id] for q in questions]
+    base = [base_done[q.question_id] for q in questions] if with_baseline else []
+    if method == "ar":
+        base = records
+    checks = [r.get("lossless", {"status": "unchecked"}) for r in records]
+    checks = [c for c in checks if c["status"] != "unchecked"]
+    summary = summarize(cfg, records, base, checks)
+    summary["results_dir"] = str(out_dir)
+    write_json_atomic(out_dir / "summary.json", summary)
+    print(format_table(summary))
+    for d in summary["lossless_details"]:
+        print(f"  {d['status']}: question {d['question_id']} turn {d['turn']} position {d['position']} "
+              f"(AR top-2 margin {d['ar_top2_margin']:.2e})")
+    print(f"results: {out_dir}")
+    return summary
+
+
+def _with_prompts(rec: dict, q: Question, tok, template: str) -> dict:
+    """Rebuild a stored record's prompt ids from the question and the record's own earlier answers."""
+    messages: list[dict] = []
+    turns = []
+    for text, turn in zip(q.turns, rec["turns"]):
+        messages.append({"role": "user", "content": text})
+        turns.append(dict(turn, prompt_ids=prompt_ids(tok, messages, template)))
+        messages.append({"role": "assistant", "content": turn["output"]})
+    return dict(rec, turns=turns)
+
+
+def main_exit_code(summary: dict, cfg: dict) -> int:
+    if summary["lossless"]["mismatches"] and cfg["lossless"]["fail_on_mismatch"]:
+        print(f"LOSSLESS CHECK FAILED: {summary['lossless']['mismatches']} real mismatch(es) with AR",
+              file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,110 @@
+"""Question sets: Spec-Bench's question.jsonl, a built-in mini set, and user jsonl files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SUBTASKS = ("mt", "translation", "summarization", "qa", "math_reasoning", "rag")
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+def subtask_of(category: str) -> str:
+    """Spec-Bench's six columns: MT-bench's eight categories form 'mt'; the others are their own."""
+    return "mt" if category in MT_BENCH_CATEGORIES else category
+
+
+@dataclass
+class Question:
+    question_id: str | int
+    category: str
+    turns: list[str]
+
+    @property
+    def subtask(self) -> str:
+        return subtask_of(self.category)
+
+
+# Our own prompts, two per subtask, short enough for a CPU smoke run.
+MINI = [
+    Question("mini-mt-1", "writing", ["Write a short poem about a lighthouse keeper.",
+                                      "Now rewrite the poem so that every line rhymes."]),
+    Question("mini-mt-2", "reasoning", ["If all bloops are razzies and all razzies are lazzies, are all bloops lazzies? Explain.",
+                                        "Give another example of the same kind of reasoning."]),
+    Question("mini-translation-1", "translation", ["Translate German to English: Der Zug nach Berlin fährt um acht Uhr ab, aber heute hat er Verspätung."]),
+    Question("mini-translation-2", "translation", ["Translate German to English: Wir haben im Garten Tomaten, Bohnen und Kürbisse gepflanzt."]),
+    Question("mini-summarization-1", "summarization", ["Summarize the following text in two sentences: The town council met on Tuesday to discuss the new bicycle lanes. Several residents spoke in favour, citing safer commutes for children, while shop owners worried about losing parking spaces. After two hours of debate, the council voted to build the lanes on two streets as a trial and to review the results next spring."]),
+    Question("mini-summarization-2", "summarization", ["Summarize: A team of volunteers cleaned the river banks over the weekend, collecting more than three hundred kilograms of plastic. The organisers said the amount was lower than last year, which they credit to new recycling bins installed near the park."]),
+    Question("mini-qa-1", "qa", ["What is the boiling point of water at sea level in degrees Celsius?"]),
+    Question("mini-qa-2", "qa", ["Which planet in our solar system is known as the Red Planet?"]),
+    Question("mini-math_reasoning-1", "math_reasoning", ["A baker makes 12 loaves a day and sells each for 3 dollars. How much money does she make in a week? Think step by step."]),
+    Question("mini-math_reasoning-2", "math_reasoning", ["Tom has 5 apples. He gives 2 to Anna and buys 7 more. How many apples does Tom have now? Explain your steps."]),
+    Question("mini-rag-1", "rag", ["Context: The Eiffel Tower was completed in 1889 for the World's Fair and is 330 metres tall. Question: When was the Eiffel Tower completed?"]),
+    Question("mini-rag-2", "rag", ["Context: Honey bees communicate the location of flowers through a waggle dance. Question: How do honey bees tell each other where flowers are?"]),
+]
+
+
+def load_jsonl_questions(path: str | Path) -> list[Question]:
+    """Read Spec-Bench-style jsonl: question_id, category, turns (a list of user turns)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"question file '{path}' not found. Spec-Bench's question.jsonl comes from the Spec-Bench "
+            f"repository (data/spec_bench/question.jsonl); point task.path at a local copy."
+        )
+    questions = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+            if not isinstance(d, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(d).__name__}")
+            missing = [k for k in ("question_id", "turns") if k not in d]
+            if missing:
+                raise ValueError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}; each question needs "
+                                 f"question_id, category and turns")
+            turns = d["turns"]
+            if isinstance(turns, str):
+                turns = [turns]
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+                raise ValueError(f"{path}:{lineno}: 'turns' must be a non-empty list of strings")
+            questions.append(Question(d["question_id"], str(d.get("category", "default")), turns))
+    if not questions:
+        raise ValueError(f"{path}: no questions in file")
+    return questions
+
+
+def select_per_subtask(questions: list[Question], n: int | None) -> list[Question]:
+    """The first n questions of each subtask, in file order."""
+    if n is None:
+        return questions
+    if n < 1:
+        raise ValueError(f"task.per_subtask must be at least 1, got {n}")
+    counts: dict[str, int] = {}
+    out = []
+    for q in questions:
+        if counts.get(q.subtask, 0) < n:
+            counts[q.subtask] = counts.get(q.subtask, 0) + 1
+            out.append(q)
+    return out
+
+
+def load_task(cfg) -> list[Question]:
+    kind = cfg["kind"]
+    if kind == "mini":
+        questions = list(MINI)
+    elif kind in ("spec_bench", "jsonl"):
+        if not cfg.get("path"):
+            raise ValueError(f"task '{cfg['name']}' needs task.path=<question.jsonl>")
+        questions = load_jsonl_questions(cfg["path"])
+    else:
+        raise ValueError(f"unknown task kind '{kind}'. Valid kinds: mini, spec_bench, jsonl")
+    questions = select_per_subtask(questions, cfg.get("per_subtask"))
+    if cfg.get("limit"):
+        questions = questions[: cfg["limit"]]
+    return questions
