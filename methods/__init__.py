@@ -1,3 +1,7 @@
-"""One module per method; importing this package registers them all."""
+"""One module per method; importing this package registers every module in it."""
 
-from methods import ar, tr  # noqa: F401
+import importlib
+import pkgutil
+
+for _mod in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_mod.name}")
