@@ -100,7 +100,10 @@ def load_task(cfg) -> list[Question]:
         questions = list(MINI)
     elif kind in ("spec_bench", "jsonl"):
         if not cfg.get("path"):
-            raise ValueError(f"task '{cfg['name']}' needs task.path=<question.jsonl>")
+            raise ValueError(
+                f"task '{cfg['name']}' needs task.path=<question.jsonl> (or SPECBENCH_QUESTIONS=...); "
+                f"Spec-Bench's file is data/spec_bench/question.jsonl in the Spec-Bench repository"
+            )
         questions = load_jsonl_questions(cfg["path"])
     else:
         raise ValueError(f"unknown task kind '{kind}'. Valid kinds: mini, spec_bench, jsonl")

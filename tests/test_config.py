@@ -1,0 +1,83 @@
+"""Bad input is refused with a message that names the problem and the fix."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from specbench.runner import SettingsError, run_benchmark
+from specbench.tasks import SUBTASKS, load_jsonl_questions, load_task
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def cfg(*overrides):
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+
+
+def test_default_config_composes():
+    c = cfg()
+    assert c["method"]["name"] == "tr" and c["model"]["name"] == "smollm2-135m" and c["task"]["name"] == "mini"
+
+
+@pytest.mark.parametrize("group", ["method", "model", "task"])
+def test_every_config_option_composes(group):
+    for f in Path(CONF, group).glob("*.yaml"):
+        overrides = [f"{group}={f.stem}"]
+        if f.stem in ("hf", "jsonl"):
+            overrides.append(f"{group}.path=x")
+        assert cfg(*overrides)[group]["name"]
+
+
+def test_unknown_group_option_lists_valid_names():
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "run.py", "method=nope"], cwd=root, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "Could not find 'method/nope'" in out.stderr and "\ttr" in out.stderr and "\tar" in out.stderr
+
+
+def test_unknown_method_name_lists_valid_names():
+    with pytest.raises(SettingsError, match=r"unknown method 'nope'. Valid methods: .*ar.*tr"):
+        run_benchmark(cfg("method.name=nope"))
+
+
+@pytest.mark.parametrize("override,message", [
+    ("max_new_tokens=0", "max_new_tokens must be at least 1"),
+    ("warmup=-1", "warmup"),
+    ("baseline=sometimes", "baseline must be"),
+])
+def test_impossible_settings(override, message):
+    with pytest.raises(SettingsError, match=message):
+        run_benchmark(cfg(override))
+
+
+def test_malformed_question_file_names_file_and_line(tmp_path):
+    p = tmp_path / "q.jsonl"
+    p.write_text('{"question_id": 1, "category": "qa", "turns": ["hi"]}\n{"question_id": 2, "turns": \n')
+    with pytest.raises(ValueError, match=rf"{p}:2: not valid JSON"):
+        load_jsonl_questions(p)
+    p.write_text('{"question_id": 1, "category": "qa"}\n')
+    with pytest.raises(ValueError, match=rf"{p}:1: missing field\(s\) turns"):
+        load_jsonl_questions(p)
+    with pytest.raises(FileNotFoundError, match="Spec-Bench"):
+        load_jsonl_questions(tmp_path / "missing.jsonl")
+
+
+def test_spec_bench_task_needs_a_path():
+    with pytest.raises(ValueError, match="task.path"):
+        load_task({"name": "spec_bench", "kind": "spec_bench", "path": None})
+
+
+def test_mini_task_covers_every_subtask_twice():
+    qs = load_task(cfg()["task"])
+    assert sorted(q.subtask for q in qs) == sorted(list(SUBTASKS) * 2)
+
+
+def test_spec_bench_per_subtask_selection(spec_bench_path):
+    qs = load_task({"name": "spec_bench", "kind": "spec_bench", "path": str(spec_bench_path), "per_subtask": 2})
+    assert [q.subtask for q in qs] == [s for s in SUBTASKS for _ in range(2)]
+    assert all(len(q.turns) == 2 for q in qs if q.subtask == "mt")

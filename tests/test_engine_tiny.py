@@ -1,0 +1,108 @@
+"""Tree attention, position ids and KV compaction against sequential decoding, on tiny random models."""
+
+import pytest
+import torch
+from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
+
+from methods.ar import Autoregressive
+from methods.tr import TokenRecycling
+from specbench.drafter import Draft
+from specbench.engine import Engine
+from specbench.kv_cache import compact_kv_cache
+from specbench.tree import DraftTree
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma():
+    torch.manual_seed(1)
+    cfg = Gemma3TextConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                           layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+def sequential_logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0, -1]
+
+
+def prefill(model, ids):
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+TREE = DraftTree((0, 0, 1, 1, 2, 3))  # root -> 1, 2; 1 -> 3, 4; 2 -> 5; 3 -> 6
+
+
+@pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_gemma"])
+def test_tree_rows_equal_sequential_logits(model_name, request):
+    model = request.getfixturevalue(model_name)
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, 97, (12,), generator=g).tolist()  # longer than gemma's window of 4
+    root = 5
+    draft = Draft(tokens=torch.randint(0, 97, (len(TREE),), generator=g), tree=TREE)
+    engine = Engine(model, eos_token_ids=[])
+    cache = prefill(model, prefix)
+    logits, _ = engine.forward_rows(cache, len(prefix), draft, root)
+    toks = draft.tokens.tolist()
+    for node in range(TREE.size):
+        path = [toks[n - 1] for n in TREE.path_to(node)] if node else []
+        expect = sequential_logits(model, prefix + [root] + path)
+        torch.testing.assert_close(logits[node], expect, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_gemma"])
+def test_kv_compaction_after_partial_acceptance(model_name, request):
+    model = request.getfixturevalue(model_name)
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(0, 97, (10,), generator=g).tolist()
+    root = 7
+    draft = Draft(tokens=torch.randint(0, 97, (len(TREE),), generator=g), tree=TREE)
+    engine = Engine(model, eos_token_ids=[])
+    cache = prefill(model, prefix)
+    engine.forward_rows(cache, len(prefix), draft, root)
+    accepted = [2, 5]  # a path that is not the first rows: needs a real gather
+    compact_kv_cache(cache, len(prefix), [0] + accepted)
+    assert cache.get_seq_length() == len(prefix) + 3
+    kept = [draft.tokens[a - 1].item() for a in accepted]
+    nxt = 3
+    logits, _ = engine.forward_rows(cache, cache.get_seq_length(), None, nxt)
+    torch.testing.assert_close(logits[0], sequential_logits(model, prefix + [root] + kept + [nxt]),
+                               atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_gemma"])
+def test_tr_equals_ar_on_random_model(model_name, request):
+    model = request.getfixturevalue(model_name)
+    engine = Engine(model, eos_token_ids=[])
+    prompt = list(range(3, 20))
+    ar = engine.generate(prompt, Autoregressive(), 40)
+    tr = TokenRecycling(vocab_size=97)
+    for _ in range(2):  # the second run drafts from a warm matrix, so many nodes are verified
+        out = engine.generate(prompt, tr, 40)
+        assert out.tokens == ar.tokens
+    assert sum(out.accept_lengths) + 1 == out.new_tokens
+    assert max(out.accept_lengths) > 1
+
+
+def test_ar_matches_transformers_generate_on_tiny_gemma(tiny_gemma):
+    engine = Engine(tiny_gemma, eos_token_ids=[])
+    prompt = list(range(3, 15))
+    ours = engine.generate(prompt, Autoregressive(), 20).tokens
+    ref = tiny_gemma.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours == ref
+
+
+def test_eos_and_budget_stop_generation(tiny_llama):
+    engine = Engine(tiny_llama, eos_token_ids=[])
+    prompt = list(range(3, 20))
+    full = engine.generate(prompt, Autoregressive(), 30).tokens
+    assert len(engine.generate(prompt, Autoregressive(), 7).tokens) == 7
+    eos = full[4]
+    stop = Engine(tiny_llama, eos_token_ids=[eos]).generate(prompt, TokenRecycling(vocab_size=97), 30)
+    assert stop.tokens == full[: full.index(eos) + 1]
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate(prompt, Autoregressive(), 0)

@@ -1,0 +1,97 @@
+"""Lossless on the embedded real model (SmolLM2-135M-Instruct): AR equals transformers' greedy
+generate, and Token Recycling equals AR token for token on Spec-Bench questions."""
+
+import json
+
+import pytest
+import torch
+
+from methods.ar import Autoregressive
+from methods.tr import TokenRecycling
+from specbench.chat import prompt_ids
+from specbench.drafter import Draft
+from specbench.engine import Engine
+from specbench.tasks import load_jsonl_questions, select_per_subtask
+from specbench.tree import DraftTree
+from transformers import DynamicCache
+
+
+@pytest.fixture(scope="module")
+def prompts(real_model, spec_bench_path):
+    _, tok, _ = real_model
+    qs = select_per_subtask(load_jsonl_questions(spec_bench_path), 1)
+    return {q.subtask: prompt_ids(tok, [{"role": "user", "content": q.turns[0]}]) for q in qs}
+
+
+def test_ar_equals_transformers_generate(real_model, prompts):
+    model, _, eos = real_model
+    engine = Engine(model, eos)
+    for sub in ("qa", "translation"):
+        ids = prompts[sub]
+        ours = engine.generate(ids, Autoregressive(), 48).tokens
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False)[0, len(ids):].tolist()
+        assert ours == ref, sub
+
+
+def test_published_tree_forward_matches_sequential(real_model, prompts):
+    model, _, eos = real_model
+    from methods.tr import PUBLISHED_TREE
+
+    tree = DraftTree.from_children_counts(PUBLISHED_TREE)
+    ids = prompts["qa"]
+    g = torch.Generator().manual_seed(0)
+    draft = Draft(tokens=torch.randint(0, 49152, (len(tree),), generator=g), tree=tree)
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache, use_cache=True)
+    logits, _ = Engine(model, eos).forward_rows(cache, len(ids) - 1, draft, ids[-1])
+    toks = draft.tokens.tolist()
+    for node in (0, 1, 9, 30, 57, 80):  # the root and nodes at depths 1..6
+        path = [toks[n - 1] for n in tree.path_to(node)] if node else []
+        with torch.no_grad():
+            expect = model(input_ids=torch.tensor([ids + path])).logits[0, -1]
+        torch.testing.assert_close(logits[node], expect, atol=2e-4, rtol=1e-4)
+
+
+def test_tr_equals_ar_on_spec_bench(real_model, prompts):
+    model, _, eos = real_model
+    engine = Engine(model, eos)
+    tr = TokenRecycling(vocab_size=model.config.vocab_size)  # hot start across the questions
+    accepted = []
+    for sub in ("math_reasoning", "summarization", "rag", "mt"):
+        ids = prompts[sub]
+        ar = engine.generate(ids, Autoregressive(), 64)
+        out = engine.generate(ids, tr, 64)
+        assert out.tokens == ar.tokens, sub
+        assert len(out.tokens) >= 64 or out.tokens[-1] in eos
+        accepted += out.accept_lengths
+    assert sum(accepted) / len(accepted) > 1.3  # recycling does find drafts on real text
+
+
+def test_run_writes_answers_summary_and_resumes(real_model, tmp_path, capsys):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from specbench.runner import run_benchmark
+    from tests.test_config import CONF
+
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        cfg = OmegaConf.to_container(compose("config", overrides=[
+            "task.limit=2", "max_new_tokens=12", "warmup=1", f"results_dir={tmp_path}", "progress=false"]),
+            resolve=True)
+    summary = run_benchmark(cfg)
+    assert summary["questions"] == 2 and summary["lossless"]["mismatches"] == 0
+    assert summary["lossless"]["checked"] == 2
+    assert set(summary["speedup"]) == {"overall", "mt"}
+    for key in ("tokens_per_s", "mat", "baseline_tokens_per_s", "decode_tokens_per_s", "new_tokens"):
+        assert summary[key] > 0
+    lines = (tmp_path / "answers.jsonl").read_text().splitlines()
+    rec = json.loads(lines[0])
+    assert {"question_id", "category", "subtask", "turns"} <= set(rec)
+    assert {"output", "token_ids", "new_tokens", "wall_time", "decoding_steps", "accept_lengths"} <= set(rec["turns"][0])
+    assert len(rec["turns"]) == 2  # MT-bench questions have two turns
+    assert "| tr " in capsys.readouterr().out
+    # a rerun finds every question done and recomputes the same summary without new lines
+    again = run_benchmark(cfg)
+    assert (tmp_path / "answers.jsonl").read_text().splitlines() == lines
+    assert again["new_tokens"] == summary["new_tokens"]
