@@ -53,6 +53,7 @@ class Engine:
         self.sliding_window = window if window and "sliding_attention" in layer_types else None
         self.mask_dtype = model.dtype
         self.select_targets = greedy_targets
+        self.forward_time = 0.0
 
     def _mask(self, visibility, depths, cache_len):
         full = tree_attention_mask(visibility, depths, cache_len, self.mask_dtype, self.device)
@@ -66,13 +67,10 @@ class Engine:
     @torch.inference_mode()
     def forward_rows(self, cache, cache_len: int, draft: Draft | None, root: int, hidden: bool = False):
         """One verification forward over root + draft rows (+ extra rows). Returns logits, hidden."""
+        mask = None
         if draft is None:
             ids = torch.tensor([[root]], device=self.device)
             pos = torch.tensor([[cache_len]], device=self.device)
-            out = self.model(
-                input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
-                output_hidden_states=hidden,
-            )
         else:
             tree = draft.tree
             tokens = [torch.tensor([root]), draft.tokens.cpu()]
@@ -88,11 +86,15 @@ class Engine:
                 vis = full
             ids = torch.cat(tokens)[None].to(self.device)
             pos = (cache_len + depths)[None].to(self.device)
-            out = self.model(
-                input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
-                attention_mask=self._mask(vis, depths, cache_len), output_hidden_states=hidden,
-            )
+            mask = self._mask(vis, depths, cache_len)
+        t0 = now(self.device) if self.profile else 0.0
+        out = self.model(
+            input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
+            attention_mask=mask, output_hidden_states=hidden,
+        )
         hs = out.hidden_states[-1][0] if hidden else None
+        if self.profile:
+            self.forward_time += now(self.device) - t0
         return out.logits[0], hs
 
     @torch.inference_mode()
@@ -120,7 +122,7 @@ class Engine:
         new = [first]
         accept_lengths: list[int] = []
         rows_per_step: list[int] = []
-        fwd_time = 0.0
+        self.forward_time = 0.0
         step = 0
         while len(new) < max_new_tokens and new[-1] not in self.eos:
             cache_len = cur - 1  # the root (last decided token) is not in the cache yet
@@ -128,14 +130,10 @@ class Engine:
             draft = drafter.propose(DecodeState(tokens=buf[:cur], prompt_len=len(prompt_ids), step=step))
             if draft is not None and len(draft.tree) == 0:
                 draft = None
-            if self.profile:
-                tf = now(dev)
             logits, hidden = self.forward_rows(cache, cache_len, draft, root, want_hidden)
             tree = _NO_DRAFT if draft is None else draft.tree
             positions = cache_len + tree.depths
             targets = self.select_targets(logits[: tree.size], positions)
-            if self.profile:
-                fwd_time += now(dev) - tf
             draft_list = [] if draft is None else draft.tokens.tolist()
             accepted, bonus = accept_path(tree, draft_list, targets)
             if draft is not None:
@@ -158,5 +156,5 @@ class Engine:
         wall = now(dev) - t0
         return TurnResult(
             tokens=new, wall_time=wall, prefill_time=t_prefill, decoding_steps=step,
-            accept_lengths=accept_lengths, forward_time=fwd_time, step_rows=rows_per_step,
+            accept_lengths=accept_lengths, forward_time=self.forward_time, step_rows=rows_per_step,
         )

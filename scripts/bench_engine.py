@@ -1,0 +1,109 @@
+"""Engine overhead benchmark (not a test).
+
+1. Our AR loop against transformers' `generate` (greedy) on the same prompts, interleaved in one
+   run, so the ratio is measured side by side on the same machine.
+2. For Token Recycling: the share of each decoding step spent outside the model forward
+   (drafting, masks, verification, KV compaction, matrix update).
+
+    python scripts/bench_engine.py --questions path/to/question.jsonl --per-subtask 1 --max-new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from methods.ar import Autoregressive  # noqa: E402
+from methods.tr import TokenRecycling  # noqa: E402
+from specbench.chat import prompt_ids  # noqa: E402
+from specbench.engine import Engine  # noqa: E402
+from specbench.models import eos_token_ids, load_model, resolve_device, resolve_dtype  # noqa: E402
+from specbench.tasks import MINI, load_jsonl_questions, select_per_subtask  # noqa: E402
+from specbench.timing import now  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--questions", default=None, help="question.jsonl (default: the built-in mini set)")
+    ap.add_argument("--per-subtask", type=int, default=1)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = ap.parse_args()
+
+    root = Path(__file__).resolve().parents[1]
+    mcfg = OmegaConf.to_container(OmegaConf.load(root / "conf" / "model" / f"{args.model}.yaml"))
+    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    model, tok = load_model(mcfg, device, dtype)
+    eos = eos_token_ids(model, tok)
+    qs = load_jsonl_questions(args.questions) if args.questions else list(MINI)
+    qs = select_per_subtask(qs, args.per_subtask)
+    prompts = [prompt_ids(tok, [{"role": "user", "content": q.turns[0]}], mcfg.get("chat_template", "auto"))
+               for q in qs]
+
+    engine = Engine(model, eos)
+    ar = Autoregressive()
+
+    def ours(ids):
+        r = engine.generate(ids, ar, args.max_new_tokens)
+        return r.tokens, r.wall_time
+
+    def hf(ids):
+        t0 = now(device)
+        out = model.generate(torch.tensor([ids], device=device), max_new_tokens=args.max_new_tokens,
+                             do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+        t = now(device) - t0
+        return out[0, len(ids):].tolist(), t
+
+    ours(prompts[0]), hf(prompts[0])  # warm-up
+    speeds = {"ours": [], "generate": []}
+    same = True
+    for rep in range(args.repeats):
+        for i, ids in enumerate(prompts):
+            order = [("ours", ours), ("generate", hf)] if (rep + i) % 2 == 0 else [("generate", hf), ("ours", ours)]
+            toks = {}
+            for name, fn in order:
+                t, secs = fn(ids)
+                toks[name] = t
+                speeds[name].append(len(t) / secs)
+            same &= toks["ours"] == toks["generate"]
+    ar_ratio = statistics.mean(speeds["ours"]) / statistics.mean(speeds["generate"])
+
+    prof = Engine(model, eos, profile=True)
+    tr = TokenRecycling(vocab_size=model.get_output_embeddings().weight.shape[0], device=device)
+    prof.generate(prompts[0], tr, args.max_new_tokens)  # warm the matrix, as a hot start would
+    decode, fwd, steps = 0.0, 0.0, 0
+    for ids in prompts:
+        r = prof.generate(ids, tr, args.max_new_tokens)
+        decode += r.wall_time - r.prefill_time
+        fwd += r.forward_time
+        steps += r.decoding_steps
+    overhead = (decode - fwd) / decode
+
+    res = {
+        "device": str(device), "dtype": args.dtype, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+        "ar_tokens_per_s": statistics.mean(speeds["ours"]),
+        "generate_tokens_per_s": statistics.mean(speeds["generate"]),
+        "ar_over_generate": ar_ratio, "ar_outputs_identical": same,
+        "tr_steps": steps, "tr_ms_per_step": 1000 * decode / steps,
+        "tr_ms_outside_forward_per_step": 1000 * (decode - fwd) / steps,
+        "tr_share_outside_forward": overhead,
+    }
+    print(json.dumps(res, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
