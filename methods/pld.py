@@ -1,0 +1,54 @@
+"""Prompt Lookup Decoding (apoorvumang/prompt-lookup-decoding), with Spec-Bench's settings.
+
+The query is the last n tokens of prompt + output (n = max_ngram_size down to 1); the earliest
+earlier occurrence whose following num_pred_tokens tokens all lie inside the sequence wins, and
+those tokens are drafted as one chain. No match: a plain autoregressive step (no dummy token).
+
+Matching is vectorised: for each n, n shifted equality tests over the sequence (torch), then the
+first hit; no Python loop over positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specbench.drafter import DecodeState, Draft, Drafter
+from specbench.registry import register
+from specbench.tree import DraftTree
+
+
+def find_candidate(seq: torch.Tensor, max_ngram_size: int = 3, num_pred_tokens: int = 10) -> torch.Tensor | None:
+    """The reference `find_candidate_pred_tokens` on a 1-D sequence, or None when nothing matches.
+
+    As in the reference (and Spec-Bench), a window at index i qualifies when
+    i + n + num_pred_tokens <= len(seq) and i + n < len(seq) - n (not the query itself)."""
+    length = seq.numel()
+    for n in range(min(max_ngram_size, length - 1), 0, -1):
+        last = min(length - n - num_pred_tokens, length - 2 * n - 1)  # last admissible window
+        if last < 0:
+            continue
+        hit = seq[: last + 1] == seq[length - n]
+        for j in range(1, n):
+            hit &= seq[j : last + 1 + j] == seq[length - n + j]
+        idx = int(hit.to(torch.uint8).argmax())
+        if hit[idx]:
+            start = idx + n
+            return seq[start : start + num_pred_tokens]
+    return None
+
+
+@register("pld")
+class PromptLookup(Drafter):
+    def __init__(self, vocab_size: int = 0, max_ngram_size: int = 3, num_pred_tokens: int = 10,
+                 device: str | torch.device = "cpu", **_):
+        if max_ngram_size < 1 or num_pred_tokens < 1:
+            raise ValueError(f"PLD needs max_ngram_size >= 1 and num_pred_tokens >= 1, "
+                             f"got {max_ngram_size} and {num_pred_tokens}")
+        self.max_ngram_size = int(max_ngram_size)
+        self.num_pred_tokens = int(num_pred_tokens)
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        cand = find_candidate(state.tokens, self.max_ngram_size, self.num_pred_tokens)
+        if cand is None:
+            return None
+        return Draft(tokens=cand.clone(), tree=DraftTree.chain(cand.numel()))

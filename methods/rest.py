@@ -1,0 +1,51 @@
+"""REST (Retrieval-Based Speculative Decoding, He et al. 2023; FasterDecoding/REST).
+
+Each step looks up the longest suffix of the context (16 tokens down to 2) with any hit in a
+datastore (corpus token ids + suffix array), takes the 10 tokens after each of up to 5000 hits,
+and verifies the 64 most frequent continuation prefixes as one token tree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specbench.drafter import DecodeState, Draft, Drafter
+from specbench.registry import register
+from specbench.rest_datastore import Datastore, DatastoreError, resolve_path
+from specbench.tree import DraftTree
+
+
+@register("rest")
+class Rest(Drafter):
+    def __init__(self, vocab_size: int, datastore: str = "default", num_draft: int = 64,
+                 max_token_span: int = 16, min_token_span: int = 2, max_matches: int = 5000,
+                 continuation_len: int = 10, device: str | torch.device = "cpu", **_):
+        for name, v in (("num_draft", num_draft), ("min_token_span", min_token_span),
+                        ("max_matches", max_matches), ("continuation_len", continuation_len)):
+            if int(v) < 1:
+                raise ValueError(f"REST: method.{name} must be at least 1, got {v}")
+        if max_token_span < min_token_span:
+            raise ValueError(f"REST: method.max_token_span ({max_token_span}) is below "
+                             f"method.min_token_span ({min_token_span})")
+        self.store = Datastore(resolve_path(datastore))
+        top = int(self.store.meta.get("max_token_id", -1))
+        if top >= vocab_size or self.store.vocab_size > vocab_size:
+            raise DatastoreError(
+                f"REST datastore '{self.store.path}' was built with tokenizer "
+                f"'{self.store.meta.get('tokenizer')}' (vocabulary {self.store.vocab_size}), which does not "
+                f"fit this model's vocabulary of {vocab_size}. The default store is for the embedded "
+                f"smollm2-135m; build one for this model with scripts/build_rest_datastore.py and pass "
+                f"method.datastore=<dir>"
+            )
+        self.params = dict(max_span=int(max_token_span), min_span=int(min_token_span),
+                           max_matches=int(max_matches), continuation_len=int(continuation_len),
+                           num_draft=int(num_draft))
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        span = self.params["max_span"]
+        hit = self.store.search(state.tokens[-span:].tolist(), **self.params)
+        if hit is None:
+            return None
+        prefixes, parents, _ = hit
+        tokens = torch.tensor([p[-1] for p in prefixes], dtype=torch.long)
+        return Draft(tokens=tokens, tree=DraftTree(parents))

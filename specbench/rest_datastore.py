@@ -1,0 +1,213 @@
+"""REST's datastore: the token ids of a corpus and their suffix array, memory-mapped.
+
+On disk a datastore is a directory holding
+
+    tokens.npy   uint32, the corpus' token ids, documents separated by SEPARATOR (2**32 - 1)
+    sa.npy       int32 (int64 past 2**31 tokens), the suffix array of tokens.npy (pydivsufsort)
+    meta.json    format version, tokenizer, vocabulary size, token count, corpus description
+
+uint32 ids mean any vocabulary up to 2**32 - 1 works (REST's own store is u16-limited in places).
+Both arrays are opened with `np.load(mmap_mode="r")`, so a multi-GB store is never copied into
+memory; a lookup touches only the O(log n) pages that the binary search visits.
+
+`Datastore.search` does REST's retrieval: the longest suffix of the context (max_span tokens down
+to min_span) with any hit, up to `max_matches` hits in suffix-array order, `continuation_len`
+tokens after each, and the `num_draft` most frequent continuation prefixes as a trie.
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left, bisect_right
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+FORMAT = "specbench-rest-datastore"
+VERSION = 1
+SEPARATOR = np.iinfo(np.uint32).max  # between documents; sorts after every real token
+DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "rest"
+DEFAULT_NAME = "smollm2-135m-pydoc"
+
+
+class DatastoreError(RuntimeError):
+    """A datastore that is missing, incomplete or corrupt."""
+
+
+def _hint(path: Path) -> str:
+    return (f"rebuild it with: python scripts/build_rest_datastore.py --model <model> --out {path} "
+            f"<corpus files or --dataset NAME>")
+
+
+def build_datastore(docs: Iterable[list[int]], out: str | Path, *, vocab_size: int,
+                    tokenizer: str = "", corpus: str = "", extra_meta: dict | None = None) -> dict:
+    """Write a datastore from token-id documents. Returns its metadata."""
+    from pydivsufsort import divsufsort
+
+    out = Path(out)
+    parts: list[np.ndarray] = []
+    n_docs = 0
+    sep = np.array([SEPARATOR], dtype=np.uint32)
+    for doc in docs:
+        arr = np.asarray(doc, dtype=np.int64)
+        if arr.size == 0:
+            continue
+        if arr.min() < 0 or arr.max() >= min(vocab_size, SEPARATOR):
+            raise ValueError(f"document {n_docs}: token ids must lie in [0, {vocab_size}), "
+                             f"got {arr.min()}..{arr.max()}")
+        if parts:
+            parts.append(sep)
+        parts.append(arr.astype(np.uint32))
+        n_docs += 1
+    if not parts:
+        raise ValueError("the corpus produced no tokens; give non-empty text files or a dataset")
+    tokens = np.concatenate(parts)
+    sa = divsufsort(tokens, force64=len(tokens) >= 2**31 - 1)
+    sa = sa.astype(np.int32 if len(tokens) < 2**31 - 1 else np.int64, copy=False)
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "tokens.npy", tokens)
+    np.save(out / "sa.npy", sa)
+    meta = {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer, "vocab_size": int(vocab_size),
+            "n_tokens": int(len(tokens)), "n_docs": n_docs, "max_token_id": int(tokens[tokens != SEPARATOR].max()),
+            "separator": int(SEPARATOR), "corpus": corpus, **(extra_meta or {})}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def resolve_path(path: str | Path | None) -> Path:
+    """`default` (or None) is the embedded store for the embedded SmolLM2; a bare name is looked
+    up under data/rest/; anything else is a path."""
+    if path in (None, "", "default"):
+        return DATA_DIR / DEFAULT_NAME
+    p = Path(path)
+    if not p.exists() and (DATA_DIR / str(path)).exists():
+        return DATA_DIR / str(path)
+    return p
+
+
+class Datastore:
+    def __init__(self, path: str | Path, check: bool = True):
+        self.path = path = Path(path)
+        if not path.is_dir():
+            raise DatastoreError(f"REST datastore '{path}' not found (expected a directory with "
+                                 f"tokens.npy, sa.npy and meta.json); {_hint(path)}")
+        missing = [f for f in ("meta.json", "tokens.npy", "sa.npy") if not (path / f).is_file()]
+        if missing:
+            raise DatastoreError(f"REST datastore '{path}' is incomplete: missing {', '.join(missing)}; {_hint(path)}")
+        try:
+            self.meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError) as e:
+            raise DatastoreError(f"REST datastore '{path}': meta.json is unreadable ({e}); {_hint(path)}") from None
+        if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
+            raise DatastoreError(f"REST datastore '{path}': meta.json is not a {FORMAT} file; {_hint(path)}")
+        if self.meta.get("version") != VERSION:
+            raise DatastoreError(f"REST datastore '{path}' has format version {self.meta.get('version')}, "
+                                 f"this code reads version {VERSION}; {_hint(path)}")
+        try:
+            self.tokens = np.load(path / "tokens.npy", mmap_mode="r")
+            self.sa = np.load(path / "sa.npy", mmap_mode="r")
+        except (OSError, ValueError, EOFError) as e:
+            raise DatastoreError(f"REST datastore '{path}' is corrupt: {e}; {_hint(path)}") from None
+        n = self.meta.get("n_tokens")
+        if (self.tokens.dtype != np.uint32 or self.tokens.ndim != 1 or self.sa.ndim != 1
+                or self.sa.dtype not in (np.int32, np.int64) or len(self.tokens) != n or len(self.sa) != n):
+            raise DatastoreError(
+                f"REST datastore '{path}' is corrupt: tokens {self.tokens.dtype}{list(self.tokens.shape)}, "
+                f"suffix array {self.sa.dtype}{list(self.sa.shape)}, meta says {n} tokens; {_hint(path)}")
+        if check:
+            self._check_sample()
+        self.vocab_size = int(self.meta["vocab_size"])
+
+    def _check_sample(self, k: int = 256) -> None:
+        """Cheap sanity check: sampled suffix-array entries are in range and in order."""
+        n = len(self.sa)
+        if n < 2:
+            return
+        idx = np.unique(np.linspace(0, n - 2, num=min(k, n - 1)).astype(np.int64))
+        a, b = np.asarray(self.sa[idx]), np.asarray(self.sa[idx + 1])
+        bad = (a < 0) | (a >= n) | (b < 0) | (b >= n)
+        if not bad.any():
+            for x, y in zip(a.tolist(), b.tolist()):
+                if self.tokens[x:x + 32].tolist() > self.tokens[y:y + 32].tolist():
+                    bad = True
+                    break
+        if np.any(bad):
+            raise DatastoreError(f"REST datastore '{self.path}' is corrupt: its suffix array is not "
+                                 f"sorted or points outside the token array; {_hint(self.path)}")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def find(self, query: list[int]) -> tuple[int, int]:
+        """[lo, hi) range of suffix-array rows whose suffix starts with `query`."""
+        m = len(query)
+        tokens, sa = self.tokens, self.sa
+        key = lambda i: tokens[sa[i]:sa[i] + m].tolist()  # noqa: E731
+        rows = range(len(sa))
+        lo = bisect_left(rows, query, key=key)
+        if lo == len(sa) or key(lo) != query:
+            return lo, lo
+        return lo, bisect_right(rows, query, lo=lo, key=key)
+
+    def continuations(self, lo: int, hi: int, offset: int, length: int) -> np.ndarray:
+        """(hi - lo, length) int64: the `length` tokens after each hit (`offset` = query length),
+        -1 past the end of the corpus or from a document separator on."""
+        starts = np.asarray(self.sa[lo:hi], dtype=np.int64) + offset
+        idx = starts[:, None] + np.arange(length)[None]
+        inside = idx < len(self.tokens)
+        out = np.asarray(self.tokens[np.minimum(idx, len(self.tokens) - 1)]).astype(np.int64)
+        out[~inside] = -1
+        out[out == SEPARATOR] = -1
+        out[np.cumsum(out == -1, axis=1) > 0] = -1  # nothing after a cut
+        return out
+
+    def search(self, context: list[int], *, max_span: int = 16, min_span: int = 2,
+               max_matches: int = 5000, continuation_len: int = 10, num_draft: int = 64):
+        """REST's retrieval. Returns (prefixes, parents, span): the trie's nodes in parent-first
+        order as token tuples, each node's parent (0 = root, i = the i-th node), and the query
+        length that hit; or None when no suffix of length >= min_span hits."""
+        for span in range(min(max_span, len(context)), min_span - 1, -1):
+            query = [int(t) for t in context[-span:]]
+            lo, hi = self.find(query)
+            if hi > lo:
+                conts = self.continuations(lo, min(hi, lo + max_matches), span, continuation_len)
+                trie = build_trie(conts, num_draft)
+                return (*trie, span) if trie[0] else None
+        return None
+
+
+def build_trie(conts: np.ndarray, num_draft: int) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The `num_draft` most frequent prefixes of the rows of `conts` (-1 = padding), as a trie.
+
+    Ties go to the shorter, then the lexicographically smaller prefix, so every chosen prefix's
+    own prefixes are chosen too (a prefix is at least as frequent as its extensions). Returns the
+    prefixes in parent-first order (by length, then frequency) and their parents (0 = root,
+    i = the i-th prefix, 1-based)."""
+    if conts.size == 0 or num_draft < 1:
+        return [], []
+    m, width = conts.shape
+    rows = conts[np.lexsort(conts.T[::-1])]  # lexicographic row order
+    # first column where row i differs from row i-1 (width if equal); row 0 starts every group
+    neq = rows[1:] != rows[:-1]
+    first_diff = np.concatenate([[0], np.where(neq.any(1), neq.argmax(1), width)])
+    counts, depths, starts = [], [], []
+    for d in range(width):
+        s = np.flatnonzero(first_diff <= d)
+        c = np.diff(np.append(s, m))
+        ok = rows[s, d] >= 0
+        counts.append(c[ok]), depths.append(np.full(ok.sum(), d)), starts.append(s[ok])
+    counts, depths, starts = map(np.concatenate, (counts, depths, starts))
+    if counts.size == 0:
+        return [], []
+    top = np.lexsort((starts, depths, -counts))[:num_draft]
+    order = top[np.lexsort((-counts[top], depths[top]))]  # parent-first: by depth, then frequency
+    prefixes: list[tuple[int, ...]] = []
+    parents: list[int] = []
+    node_of: dict[tuple[int, ...], int] = {}
+    for j in order.tolist():
+        p = tuple(rows[starts[j], : depths[j] + 1].tolist())
+        parents.append(node_of[p[:-1]] if len(p) > 1 else 0)
+        prefixes.append(p)
+        node_of[p] = len(prefixes)
+    return prefixes, parents

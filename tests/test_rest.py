@@ -1,0 +1,202 @@
+"""REST: suffix retrieval and trie building on hand-made data, the datastore on disk, and
+equality with AR on the embedded model with the embedded datastore."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specbench.drafter import DecodeState
+from specbench.registry import build_drafter
+from specbench.rest_datastore import (SEPARATOR, Datastore, DatastoreError, build_datastore, build_trie,
+                                      resolve_path)
+
+DOCS = [
+    [1, 2, 3, 4, 5, 6],
+    [9, 2, 3, 4, 7, 8],
+    [1, 2, 3, 4, 5, 9],
+    [70000, 2, 3, 70001],  # ids above 65,535
+]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rest") / "store"
+    build_datastore(DOCS, path, vocab_size=80000, tokenizer="hand", corpus="hand-made")
+    return Datastore(path)
+
+
+def test_round_trip(store):
+    toks = np.asarray(store.tokens)
+    assert toks.dtype == np.uint32 and isinstance(store.tokens, np.memmap)
+    expect = DOCS[0] + [SEPARATOR] + DOCS[1] + [SEPARATOR] + DOCS[2] + [SEPARATOR] + DOCS[3]
+    assert toks.tolist() == expect
+    # the suffix array sorts every suffix
+    suffixes = [toks[i:].tolist() for i in store.sa]
+    assert suffixes == sorted(suffixes)
+    assert store.meta["vocab_size"] == 80000 and store.meta["max_token_id"] == 70001
+
+
+def test_find_ranges(store):
+    lo, hi = store.find([2, 3, 4])
+    assert hi - lo == 3
+    assert sorted(int(store.sa[i]) for i in range(lo, hi)) == [1, 8, 15]
+    assert store.find([3, 4, 6]) [0] == store.find([3, 4, 6])[1]
+    lo, hi = store.find([70000, 2])
+    assert hi - lo == 1
+
+
+def test_continuations_stop_at_document_end(store):
+    lo, hi = store.find([3, 4])
+    conts = store.continuations(lo, hi, 2, 4)
+    assert sorted(map(tuple, conts.tolist())) == [(5, 6, -1, -1), (5, 9, -1, -1), (7, 8, -1, -1)]
+
+
+def test_longest_suffix_wins(store):
+    # "1 2 3 4" hits (docs 0 and 2), so doc 1's "... 2 3 4 -> 7 8" is not used
+    prefixes, parents, span = store.search([0, 1, 2, 3, 4], max_span=16, min_span=2,
+                                           continuation_len=3, num_draft=64)
+    assert span == 4
+    assert prefixes == [(5,), (5, 6), (5, 9)]
+    assert parents == [0, 1, 1]
+    # "8 2 3 4" has no hit with 4 tokens; "2 3 4" does, in three documents
+    prefixes, parents, span = store.search([8, 2, 3, 4], continuation_len=2)
+    assert span == 3
+    assert prefixes[:2] == [(5,), (7,)] and set(prefixes[2:]) == {(5, 6), (5, 9), (7, 8)}
+    # a large id works as a query
+    assert store.search([70000, 2, 3])[0] == [(70001,)]
+    # nothing of length >= 2 hits: no draft
+    assert store.search([4, 4]) is None
+    assert store.search([5]) is None  # shorter than min_span
+
+
+def test_max_matches_limits_hits(store):
+    prefixes, _, span = store.search([2, 3, 4], max_matches=1, continuation_len=2)
+    assert span == 3 and len({p[0] for p in prefixes}) == 1
+
+
+def test_trie_most_frequent_prefixes():
+    conts = np.array([
+        [1, 2, 3],
+        [1, 2, 4],
+        [1, 2, 4],
+        [1, 5, -1],
+        [6, 7, 8],
+    ])
+    prefixes, parents = build_trie(conts, 64)
+    counts = {(1,): 4, (1, 2): 3, (6,): 1, (1, 2, 4): 2, (1, 5): 1, (6, 7): 1, (1, 2, 3): 1, (6, 7, 8): 1}
+    assert set(prefixes) == set(counts)
+    for i, (p, par) in enumerate(zip(prefixes, parents), start=1):  # parent-first, parent is p[:-1]
+        assert par < i
+        assert (par == 0 and len(p) == 1) or prefixes[par - 1] == p[:-1]
+    # the top 4 by frequency (ties: shorter, then smaller tokens first), still a trie
+    prefixes, parents = build_trie(conts, 4)
+    assert prefixes == [(1,), (6,), (1, 2), (1, 2, 4)]
+    assert parents == [0, 0, 1, 3]
+    assert build_trie(np.full((2, 3), -1), 4) == ([], [])
+
+
+def test_drafter_builds_a_tree(store):
+    d = build_drafter("rest", vocab_size=80000, device="cpu", datastore=str(store.path), num_draft=3,
+                      continuation_len=3)
+    draft = d.propose(DecodeState(tokens=torch.tensor([0, 1, 2, 3, 4]), prompt_len=2, step=0))
+    assert draft.tokens.tolist() == [5, 6, 9]
+    assert draft.tree.parents == (0, 1, 1)
+    assert d.propose(DecodeState(tokens=torch.tensor([4, 4]), prompt_len=1, step=0)) is None
+
+
+def test_missing_and_corrupt_datastore(tmp_path, store):
+    with pytest.raises(DatastoreError, match="not found.*build_rest_datastore"):
+        Datastore(tmp_path / "nope")
+    with pytest.raises(DatastoreError, match="not found"):
+        build_drafter("rest", vocab_size=100, device="cpu", datastore=str(tmp_path / "nope"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(DatastoreError, match="missing meta.json, tokens.npy, sa.npy"):
+        Datastore(bad)
+    for f in ("meta.json", "tokens.npy", "sa.npy"):
+        (bad / f).write_bytes((store.path / f).read_bytes())
+    Datastore(bad)
+    # truncated array
+    (bad / "sa.npy").write_bytes((store.path / "sa.npy").read_bytes()[:-8])
+    with pytest.raises(DatastoreError, match="corrupt"):
+        Datastore(bad)
+    # a suffix array that is not sorted
+    np.save(bad / "sa.npy", np.asarray(store.sa)[::-1].copy())
+    with pytest.raises(DatastoreError, match="not sorted"):
+        Datastore(bad)
+    # garbage metadata
+    (bad / "meta.json").write_text("{not json")
+    with pytest.raises(DatastoreError, match="meta.json"):
+        Datastore(bad)
+    (bad / "meta.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(DatastoreError, match="not a specbench-rest-datastore"):
+        Datastore(bad)
+
+
+def test_store_for_another_vocabulary_is_refused(store):
+    with pytest.raises(DatastoreError, match="vocabulary"):
+        build_drafter("rest", vocab_size=32000, device="cpu", datastore=str(store.path))
+
+
+def test_build_script_round_trip(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_rest_datastore.py"
+    spec = importlib.util.spec_from_file_location("build_rest_datastore", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the cat sat on the mat")
+    (corpus / "b.jsonl").write_text(json.dumps({"data": ["hello world", "the cat sat"]}) + "\n"
+                                    + json.dumps({"messages": [{"role": "user", "content": "a dog"}]}) + "\n")
+    assert mod.texts_from_record({"conversations": [{"from": "gpt", "value": "x"}]}) == ["x"]
+
+    class Tok:  # a character-level tokenizer with ids above 65,535
+        def __len__(self):
+            return 70000 + 256
+
+        def __call__(self, text, add_special_tokens=False):
+            return type("E", (), {"input_ids": [70000 + ord(c) for c in text]})()
+
+    mod.load_tokenizer = lambda args: (Tok(), "chars")
+    meta = mod.main([str(corpus), "--tokenizer", "chars", "--out", str(tmp_path / "st")])
+    assert meta["n_docs"] == 4 and meta["max_token_id"] >= 70000
+    ds = Datastore(tmp_path / "st")
+    q = [70000 + ord(c) for c in "the cat "]
+    prefixes, _, span = ds.search(q, continuation_len=3)
+    assert span == 8 and (70000 + ord("s"),) in prefixes
+
+
+def test_default_store_is_embedded():
+    ds = Datastore(resolve_path("default"))
+    assert ds.meta["tokenizer"] == "smollm2-135m" and len(ds) > 50_000
+
+
+def test_rest_equals_ar_on_real_model(real_model, spec_bench_path):
+    from specbench.chat import prompt_ids
+    from specbench.engine import Engine
+    from specbench.tasks import load_jsonl_questions
+
+    model, tok, eos = real_model
+    engine = Engine(model, eos)
+    qs = load_jsonl_questions(spec_bench_path)
+    picks = [next(q for q in qs if q.subtask == s) for s in ("mt", "qa")]
+    ar = build_drafter("ar")
+    rest = build_drafter("rest", vocab_size=model.config.vocab_size, device="cpu")
+    accepted = 0
+    branched = False
+    for q in picks:
+        ids = prompt_ids(tok, [{"role": "user", "content": q.turns[0]}])
+        a = engine.generate(ids, ar, 64)
+        rest.start_question()
+        b = engine.generate(ids, rest, 64)
+        assert b.tokens == a.tokens, f"question {q.question_id}"
+        accepted += sum(b.accept_lengths) - len(b.accept_lengths)
+        branched |= any(r > 12 for r in b.step_rows)  # more rows than one 10-token chain: a tree
+    assert accepted > 0 and branched
