@@ -7,6 +7,7 @@ plain step) and gets a `StepOutcome` back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -52,7 +53,6 @@ class Engine:
         # Models that mix sliding and full layers take one mask per layer type.
         self.sliding_window = window if window and "sliding_attention" in layer_types else None
         self.mask_dtype = model.dtype
-        self.select_targets = greedy_targets
         self.forward_time = 0.0
 
     def _mask(self, visibility, depths, cache_len):
@@ -98,7 +98,11 @@ class Engine:
         return out.logits[0], hs
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int) -> TurnResult:
+    def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int,
+                 sampler: Callable | None = None) -> TurnResult:
+        """Decode one turn. `sampler(logits, positions) -> tokens` replaces the argmax when sampling;
+        `positions` are the absolute positions of the rows, which key its randomness."""
+        select = sampler or greedy_targets
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         dev = self.device
@@ -113,7 +117,7 @@ class Engine:
             input_ids=buf[:cur][None].to(dev), past_key_values=cache, use_cache=True,
             logits_to_keep=1, output_hidden_states=want_hidden,
         )
-        first = self.select_targets(out.logits[0, -1:], torch.tensor([cur]))[0]
+        first = select(out.logits[0, -1:], torch.tensor([cur - 1]))[0]
         t_prefill = now(dev) - t0
         if want_hidden:
             drafter.observe_prefill(out.hidden_states[-1][0, -1:])
@@ -133,7 +137,7 @@ class Engine:
             logits, hidden = self.forward_rows(cache, cache_len, draft, root, want_hidden)
             tree = _NO_DRAFT if draft is None else draft.tree
             positions = cache_len + tree.depths
-            targets = self.select_targets(logits[: tree.size], positions)
+            targets = select(logits[: tree.size], positions)
             draft_list = [] if draft is None else draft.tokens.tolist()
             accepted, bonus = accept_path(tree, draft_list, targets)
             if draft is not None:

@@ -21,21 +21,34 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 @torch.inference_mode()
-def top2_margin(model, prefix_ids: list[int]) -> float:
-    """Difference of the two largest logits for the token after `prefix_ids` (a sequential forward)."""
+def top2_margin(model, prefix_ids: list[int], sampler=None) -> float:
+    """Gap between the two best scores for the token after `prefix_ids` (a sequential forward).
+
+    Greedy: the raw logits. Sampling: the filtered, tempered logits plus that position's noise,
+    i.e. the scores whose argmax is the sample."""
     ids = torch.tensor([prefix_ids], device=model.device)
-    logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
-    top = logits.topk(2).values
+    logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1:].float()
+    if sampler is not None:
+        from specbench.sampling import filter_logits, gumbel_noise
+
+        pos = torch.tensor([len(prefix_ids) - 1], device=logits.device)
+        logits = filter_logits(logits, sampler.temperature, sampler.top_k, sampler.top_p)
+        logits = logits + gumbel_noise(sampler.key, pos, logits.shape[-1])
+    top = logits[0].topk(2).values
     return float(top[0] - top[1])
 
 
-def compare_question(model, ar_record: dict, method_record: dict, tolerance: float) -> dict:
+def compare_question(model, ar_record: dict, method_record: dict, tolerance: float,
+                     sampler=None, question_id=None) -> dict:
     """Check every turn; stop at the first divergent turn (later turns have different prompts)."""
     for turn, (ta, tm) in enumerate(zip(ar_record["turns"], method_record["turns"])):
         pos = first_divergence(ta["token_ids"], tm["token_ids"])
         if pos is None:
             continue
-        margin = top2_margin(model, ta["prompt_ids"] + ta["token_ids"][:pos])
+        if sampler is not None:
+            sampler.bind(question_id, turn)
+            tolerance = tolerance / sampler.temperature  # the margin is measured on logits / T
+        margin = top2_margin(model, ta["prompt_ids"] + ta["token_ids"][:pos], sampler)
         status = "numeric_tie" if margin < tolerance else "mismatch"
         return {"status": status, "turn": turn, "position": pos, "ar_top2_margin": margin,
                 "ar_token": ta["token_ids"][pos] if pos < len(ta["token_ids"]) else None,

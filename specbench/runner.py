@@ -20,6 +20,7 @@ from specbench.chat import prompt_ids
 from specbench.engine import Engine
 from specbench.models import eos_token_ids, load_model, resolve_device, resolve_dtype
 from specbench.registry import available_methods, build_drafter
+from specbench.sampling import PositionSampler
 from specbench.results import append_jsonl, repair_jsonl, write_json_atomic
 from specbench.tasks import SUBTASKS, Question, load_task
 
@@ -39,8 +40,10 @@ def results_dir_for(cfg: dict, method: str) -> Path:
     if cfg.get("results_dir") and method == cfg["method"]["name"]:
         return Path(cfg["results_dir"])
     task = cfg["task"]["name"] + (f"-ps{cfg['task']['per_subtask']}" if cfg["task"].get("per_subtask") else "")
+    filt = (f"-k{cfg['top_k']}" if cfg.get("top_k") else "") + (
+        f"-p{cfg['top_p']:g}" if cfg.get("top_p", 1.0) < 1 else "")
     return (Path(cfg.get("results_root", "results")) / cfg["model"]["name"] / task
-            / f"{method}-t{cfg['temperature']:g}-m{cfg['max_new_tokens']}")
+            / f"{method}-t{cfg['temperature']:g}{filt}-m{cfg['max_new_tokens']}")
 
 
 def identity(cfg: dict) -> dict:
@@ -48,7 +51,8 @@ def identity(cfg: dict) -> dict:
         "model": cfg["model"]["name"], "model_path": cfg["model"].get("path"),
         "task": cfg["task"]["name"], "task_path": cfg["task"].get("path"),
         "per_subtask": cfg["task"].get("per_subtask"), "max_new_tokens": cfg["max_new_tokens"],
-        "temperature": cfg["temperature"], "dtype": cfg["dtype"], "device": str(cfg["device"]),
+        "temperature": cfg["temperature"], "top_k": cfg.get("top_k", 0), "top_p": cfg.get("top_p", 1.0),
+        "dtype": cfg["dtype"], "device": str(cfg["device"]),
         "seed": cfg["seed"],
     }
 
@@ -62,23 +66,34 @@ def validate(cfg: dict) -> None:
         raise SettingsError(f"max_new_tokens must be at least 1, got {cfg['max_new_tokens']}")
     if cfg["warmup"] < 0:
         raise SettingsError(f"warmup must be 0 or more, got {cfg['warmup']}")
-    if cfg["temperature"] != 0:
-        raise SettingsError(
-            f"temperature={cfg['temperature']}: sampling is not implemented yet; use temperature=0"
-        )
+    if cfg["temperature"] < 0:
+        raise SettingsError(f"temperature must be 0 (greedy) or positive, got {cfg['temperature']}")
+    if not 0 < cfg.get("top_p", 1.0) <= 1:
+        raise SettingsError(f"top_p must be in (0, 1], got {cfg['top_p']}")
+    if cfg.get("top_k", 0) < 0:
+        raise SettingsError(f"top_k must be 0 (off) or positive, got {cfg['top_k']}")
     if cfg["baseline"] not in ("interleave", "reuse", "none"):
         raise SettingsError(f"baseline must be interleave, reuse or none, got '{cfg['baseline']}'")
 
 
-def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str, max_new: int) -> dict:
+def make_sampler(cfg: dict) -> PositionSampler | None:
+    if cfg["temperature"] == 0:
+        return None
+    return PositionSampler(cfg["temperature"], cfg.get("top_k", 0), cfg.get("top_p", 1.0), cfg["seed"])
+
+
+def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str, max_new: int,
+                 sampler: PositionSampler | None = None) -> dict:
     """All turns of one question; turn 2 sees the model's own turn-1 answer, as in Spec-Bench."""
     drafter.start_question()
     messages: list[dict] = []
     turns = []
-    for text in q.turns:
+    for turn_idx, text in enumerate(q.turns):
         messages.append({"role": "user", "content": text})
         ids = prompt_ids(tokenizer, messages, template)
-        r = engine.generate(ids, drafter, max_new)
+        if sampler is not None:
+            sampler.bind(q.question_id, turn_idx)
+        r = engine.generate(ids, drafter, max_new, sampler)
         answer = tokenizer.decode(r.tokens, skip_special_tokens=True)
         messages.append({"role": "assistant", "content": answer})
         turns.append({
@@ -116,6 +131,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "method": cfg["method"]["name"], "method_params": method_params(cfg),
         "lossless_method": True,
         "model": cfg["model"]["name"], "task": cfg["task"]["name"], "temperature": cfg["temperature"],
+        "top_k": cfg.get("top_k", 0), "top_p": cfg.get("top_p", 1.0),
         "dtype": cfg["dtype"], "device": cfg["device_name"], "max_new_tokens": cfg["max_new_tokens"],
         "questions": len(records),
         "new_tokens": sum(t["new_tokens"] for r in records for t in r["turns"]),
@@ -207,14 +223,15 @@ def run_benchmark(cfg: dict) -> dict:
     template = cfg["model"].get("chat_template", "auto")
     max_new = int(cfg["max_new_tokens"])
     tolerance = cfg["lossless"].get("tie_tolerance") or lossless.TIE_TOLERANCE[cfg["dtype"]]
+    sampler = make_sampler(cfg)
 
     todo = [q for q in questions if q.question_id not in done]
     if todo and cfg["warmup"]:
         warm_q = Question(todo[0].question_id, todo[0].category, todo[0].turns[:1])
         for _ in range(cfg["warmup"]):
-            run_question(engine, ar, tok, warm_q, template, max_new)
+            run_question(engine, ar, tok, warm_q, template, max_new, sampler)
             if method != "ar":
-                run_question(engine, drafter, tok, warm_q, template, max_new)
+                run_question(engine, drafter, tok, warm_q, template, max_new, sampler)
 
     from tqdm.auto import tqdm
 
@@ -222,15 +239,15 @@ def run_benchmark(cfg: dict) -> dict:
                unit="q", disable=not cfg.get("progress", True), dynamic_ncols=True)
     for q in todo:
         if with_baseline and q.question_id not in base_done:
-            base_rec = run_question(engine, ar, tok, q, template, max_new)
+            base_rec = run_question(engine, ar, tok, q, template, max_new, sampler)
             append_jsonl(base_path, _stored(base_rec))
             base_done[q.question_id] = base_rec
-        rec = run_question(engine, drafter if method != "ar" else ar, tok, q, template, max_new)
+        rec = run_question(engine, drafter if method != "ar" else ar, tok, q, template, max_new, sampler)
         if with_baseline and cfg["lossless"]["check"]:
             base_rec = base_done[q.question_id]
             if "prompt_ids" not in base_rec["turns"][0]:  # resumed or reused: rebuild the prompts
                 base_rec = _with_prompts(base_rec, q, tok, template)
-            rec["lossless"] = lossless.compare_question(model, base_rec, rec, tolerance)
+            rec["lossless"] = lossless.compare_question(model, base_rec, rec, tolerance, sampler, q.question_id)
         else:
             rec["lossless"] = {"status": "exact"} if method == "ar" else {"status": "unchecked"}
         append_jsonl(answers_path, _stored(rec))

@@ -95,3 +95,26 @@ def test_run_writes_answers_summary_and_resumes(real_model, tmp_path, capsys):
     again = run_benchmark(cfg)
     assert (tmp_path / "answers.jsonl").read_text().splitlines() == lines
     assert again["new_tokens"] == summary["new_tokens"]
+
+
+def test_run_at_temperature_is_exact_and_reproducible(real_model, tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from specbench.runner import run_benchmark
+    from tests.test_config import CONF
+
+    def run(d):
+        with initialize_config_dir(config_dir=CONF, version_base=None):
+            cfg = OmegaConf.to_container(compose("config", overrides=[
+                "task.limit=2", "max_new_tokens=12", "warmup=0", "temperature=0.7", "top_p=0.9",
+                f"results_dir={d}", "progress=false"]), resolve=True)
+        return run_benchmark(cfg)
+
+    s = run(tmp_path / "a")
+    assert s["temperature"] == 0.7 and s["top_p"] == 0.9
+    assert s["lossless"] == {"checked": 2, "exact": 2, "numeric_ties": 0, "mismatches": 0}
+    a = [json.loads(x)["turns"][0]["token_ids"] for x in (tmp_path / "a" / "answers.jsonl").read_text().splitlines()]
+    run(tmp_path / "b")  # same seed, fresh process state: the same samples
+    b = [json.loads(x)["turns"][0]["token_ids"] for x in (tmp_path / "b" / "answers.jsonl").read_text().splitlines()]
+    assert a == b

@@ -1,0 +1,97 @@
+"""Position-keyed sampling: the target's token at absolute position p is
+
+    argmax(filter(logits / T) + gumbel(seed, question, turn, p))
+
+with Gumbel noise from a counter-based hash, so the draw depends on the position alone, not on
+which step or which tree node asks for it. AR and any tree verifier that accepts a child exactly
+when it equals the sample at its parent therefore emit the same tokens (the one-hot case of
+SpecInfer's multi-draft rule), and the output is distributed exactly as the target's.
+
+All nodes at one depth share a position and so one noise vector: a step needs (depth + 1)
+vocabulary-sized draws, made in one batched call on the model's device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
+    """(a * c) mod 2**32 for uint32 values held in int64, without int64 overflow."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (a * lo + (((a * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's finaliser: a bijective avalanche mix of 32-bit values."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def stream_key(seed: int, question_id, turn: int) -> int:
+    """A 32-bit key for one (seed, question, turn) stream."""
+    digest = hashlib.blake2b(f"{seed}|{question_id}|{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+def position_uniforms(key: int, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Uniforms in (0, 1), shape (len(positions), vocab), a pure function of (key, position, index)."""
+    dev = positions.device
+    p = _fmix32((positions.to(torch.int64) * 2 + 1) & _M32) ^ key
+    row = _fmix32(_fmix32(p & _M32))
+    idx = _mul32(torch.arange(vocab, device=dev, dtype=torch.int64), 0x9E3779B1)
+    h = _fmix32(_fmix32(row[:, None] ^ idx[None, :]))
+    return ((h >> 8).to(torch.float64) + 0.5) / float(1 << 24)
+
+
+def gumbel_noise(key: int, positions: torch.Tensor, vocab: int, dtype=torch.float32) -> torch.Tensor:
+    u = position_uniforms(key, positions, vocab)
+    return (-torch.log(-torch.log(u))).to(dtype)
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, as transformers' logits processors apply them."""
+    scores = logits.float() / temperature
+    if top_k and top_k > 0:
+        k = min(top_k, scores.shape[-1])
+        kth = scores.topk(k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=False)
+        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= (1 - top_p)
+        remove_sorted[..., -1:] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores
+
+
+class PositionSampler:
+    """The target's choice at each row when sampling; `bind` fixes the (question, turn) stream."""
+
+    def __init__(self, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0):
+        if temperature <= 0:
+            raise ValueError("PositionSampler needs temperature > 0; temperature=0 is greedy decoding")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be 0 (off) or positive, got {top_k}")
+        self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
+        self.key = stream_key(seed, "", 0)
+
+    def bind(self, question_id, turn: int) -> None:
+        self.key = stream_key(self.seed, question_id, turn)
+
+    def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> list[int]:
+        """logits (rows, vocab), positions (rows,): one noise draw per distinct position."""
+        scores = filter_logits(logits, self.temperature, self.top_k, self.top_p)
+        uniq, inverse = torch.unique(positions.to(logits.device), return_inverse=True)
+        noise = gumbel_noise(self.key, uniq, scores.shape[-1])
+        return (scores + noise[inverse]).argmax(dim=-1).tolist()
