@@ -1,0 +1,214 @@
+"""Plots of a results root (matplotlib, extra "plots"): each function takes the DataFrames of
+specbench.collect.frames and returns a Figure; ``save_all`` writes PNG and PDF.
+
+- speedup per subtask per method (grouped bars, error bars = std over repeated runs);
+- MAT per method;
+- distribution of accepted lengths per method (share of decoding steps);
+- tokens/s over the run (each question's speed in run order; AR reference dotted);
+- overall speedup against temperature, per method.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; the notebook shows the returned figures itself
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from specbench import tables  # noqa: E402
+
+SUBTASK_HEADERS = dict(tables.COLUMNS)
+
+
+def _label(df_row) -> str:
+    params = df_row.get("method_params") or "{}"
+    return df_row["method"] if params == "{}" else f"{df_row['method']} {params}"
+
+
+def _labels(df):
+    """Method labels: the name, with parameters only where one method has several variants."""
+    variants = df.groupby("method")["method_params"].nunique()
+    return df.apply(lambda r: r["method"] if variants[r["method"]] == 1 else _label(r), axis=1)
+
+
+def _order(methods) -> list:
+    return sorted(set(methods), key=lambda m: (tables._method_rank(m.split(" ")[0]), m))
+
+
+def _groups(df, keys=tables.TABLE_KEYS):
+    keys = [k for k in keys if k in df.columns]
+    if not len(df):
+        return []
+    return list(df.groupby([df[k].astype(str) for k in keys], sort=True))
+
+
+def slug(row, temperature: bool = True) -> str:
+    """File-name tag of a setting: smollm2-135m_mini_t0_m128_float32_cpu."""
+    parts = [row["model"], row["task"]]
+    if temperature:
+        parts.append(f"t{float(row['temperature']):g}")
+    if row.get("top_k"):
+        parts.append(f"k{row['top_k']}")
+    if row.get("top_p") not in (None, 1, 1.0):
+        parts.append(f"p{float(row['top_p']):g}")
+    parts += [f"m{row['max_new_tokens']}", row["dtype"], row["device"]]
+    return re.sub(r"[^A-Za-z0-9._\-]+", "-", "_".join(str(p) for p in parts))
+
+
+def _title(sub) -> str:
+    r = sub.iloc[0]
+    return f"{r['model']} · {r['task']} · T={float(r['temperature']):g} · {r['max_new_tokens']} tok · {r['device']}"
+
+
+def speedup_subtasks(runs, title: str | None = None):
+    """Grouped bars: one group per subtask (and Overall), one bar per method; AR = 1 (line)."""
+    df = runs[runs["method"] != "ar"].copy()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.axhline(1.0, color="grey", lw=1, ls="--", label="AR")
+    if len(df):
+        df["label"] = _labels(df)
+        cols = [k for k in tables.SPEEDUP_KEYS if k in df and df[k].notna().any()]
+        methods = _order(df["label"])
+        width = 0.8 / max(len(methods), 1)
+        x = np.arange(len(cols))
+        for i, m in enumerate(methods):
+            sel = df[df["label"] == m]
+            means = [sel[c].mean() for c in cols]
+            stds = [sel[c].std() if len(sel) > 1 else 0.0 for c in cols]
+            ax.bar(x + (i - (len(methods) - 1) / 2) * width, means, width,
+                   yerr=stds if len(sel) > 1 else None, capsize=2, label=m)
+        ax.set_xticks(x, [SUBTASK_HEADERS[c] for c in cols])
+    ax.set_ylabel("speedup over AR")
+    ax.set_title(title or "Speedup per subtask")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def mat_bars(runs, title: str | None = None):
+    df = runs.copy()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if len(df):
+        df["label"] = _labels(df)
+        methods = _order(df["label"])
+        g = df.groupby("label")["mat"]
+        means, stds = g.mean().reindex(methods), g.std().reindex(methods).fillna(0)
+        bars = ax.bar(methods, means, yerr=stds, capsize=3, color="tab:blue")
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.set_ylabel("mean accepted tokens per step")
+    ax.set_title(title or "MAT per method")
+    fig.tight_layout()
+    return fig
+
+
+def accept_lengths(accepts, title: str | None = None):
+    """Share of decoding steps accepting L tokens (L = accepted drafts + 1), per method."""
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    if len(accepts):
+        df = accepts.copy()
+        df["label"] = _labels(df)
+        methods = _order(df["label"])
+        lmax = int(df["accept_length"].max())
+        lengths = np.arange(1, lmax + 1)
+        width = 0.8 / max(len(methods), 1)
+        for i, m in enumerate(methods):
+            counts = df[df["label"] == m]["accept_length"].value_counts(normalize=True)
+            ax.bar(lengths + (i - (len(methods) - 1) / 2) * width,
+                   [counts.get(L, 0.0) for L in lengths], width, label=m)
+        ax.set_xticks(lengths)
+    ax.set_xlabel("accepted length per step")
+    ax.set_ylabel("share of steps")
+    ax.set_title(title or "Accepted lengths")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def tokens_over_run(questions, title: str | None = None):
+    """Each question's tokens/s in the order the run made them; its AR reference dotted."""
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    if len(questions):
+        df = questions.copy()
+        df["label"] = _labels(df)
+        for i, m in enumerate(_order(df["label"])):
+            color = f"C{i}"
+            for j, (_, sel) in enumerate(df[df["label"] == m].groupby("path")):
+                sel = sel.sort_values("index")
+                ax.plot(sel["index"], sel["speed"], color=color, marker=".", label=m if j == 0 else None)
+                if not m.startswith("ar") and sel["baseline_speed"].notna().any():
+                    ax.plot(sel["index"], sel["baseline_speed"], color=color, ls=":", lw=1,
+                            label=f"AR beside {m}" if j == 0 else None)
+    ax.set_xlabel("question (run order)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title(title or "tokens/s over the run")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def speedup_vs_temperature(runs, title: str | None = None):
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    df = runs[runs["method"] != "ar"].copy()
+    if len(df):
+        df["label"] = _labels(df)
+        for m in _order(df["label"]):
+            g = df[df["label"] == m].groupby("temperature")["overall"]
+            mean, std = g.mean(), g.std().fillna(0)
+            ax.errorbar(mean.index, mean.values, yerr=std.values, marker="o", capsize=3, label=m)
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xlabel("temperature")
+    ax.set_ylabel("overall speedup over AR")
+    ax.set_title(title or "Speedup against temperature")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def save(fig, out_dir: Path, name: str, formats=("png", "pdf")) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for fmt in formats:
+        fig.savefig(out_dir / f"{name}.{fmt}", dpi=150 if fmt == "png" else None)
+    plt.close(fig)
+    return out_dir / f"{name}.{formats[0]}"
+
+
+def save_all(fr: dict, out_dir: str | Path, formats=("png", "pdf")) -> dict:
+    """Every plot for every setting (model/task/temperature/...), named <plot>__<setting>."""
+    out_dir = Path(out_dir)
+    written = {}
+    runs, qs, acc = fr["runs"], fr["questions"], fr["accepts"]
+    for key, sub in _groups(runs):
+        s, t = slug(sub.iloc[0]), _title(sub)
+        paths = sub["path"].tolist()
+        written[f"speedup_subtasks__{s}"] = save(speedup_subtasks(sub, f"Speedup per subtask\n{t}"), out_dir,
+                                                 f"speedup_subtasks__{s}", formats)
+        written[f"mat__{s}"] = save(mat_bars(sub, f"MAT\n{t}"), out_dir, f"mat__{s}", formats)
+        if len(acc):
+            written[f"accept_lengths__{s}"] = save(accept_lengths(acc[acc["path"].isin(paths)], f"Accepted lengths\n{t}"),
+                                                   out_dir, f"accept_lengths__{s}", formats)
+        if len(qs):
+            written[f"tokens_over_run__{s}"] = save(tokens_over_run(qs[qs["path"].isin(paths)], f"tokens/s over the run\n{t}"),
+                                                    out_dir, f"tokens_over_run__{s}", formats)
+    no_temp = [k for k in tables.TABLE_KEYS if k != "temperature"]
+    for key, sub in _groups(runs, no_temp):
+        s = slug(sub.iloc[0], temperature=False)
+        written[f"speedup_vs_temperature__{s}"] = save(speedup_vs_temperature(sub), out_dir,
+                                                       f"speedup_vs_temperature__{s}", formats)
+    return written
+
+
+def run_plots(fr: dict, out_dir: str | Path, formats=("png",)) -> dict:
+    """The plots that make sense for one run (wandb): subtask speedups, accepted lengths, tokens/s."""
+    out_dir = Path(out_dir)
+    out = {}
+    if len(fr["runs"]):
+        out["speedup_subtasks"] = save(speedup_subtasks(fr["runs"]), out_dir, "speedup_subtasks", formats)
+    if len(fr["accepts"]):
+        out["accept_lengths"] = save(accept_lengths(fr["accepts"]), out_dir, "accept_lengths", formats)
+    if len(fr["questions"]):
+        out["tokens_over_run"] = save(tokens_over_run(fr["questions"]), out_dir, "tokens_over_run", formats)
+    return out

@@ -1,0 +1,297 @@
+"""Spec-Bench leaderboard tables as small pure functions over run rows.
+
+A *run row* is one results directory reduced to numbers (``run_row``): its settings (model, task,
+temperature, ...), its method, and the leaderboard columns recomputed from its answers with
+Spec-Bench's definitions (specbench.metrics). Rows of repeated runs (same settings and method,
+``repeat=0,1,2`` -> directories ``...``, ``...-r1``, ``...-r2``) are averaged by ``aggregate``
+into mean and sample standard deviation. ``build_tables`` lays the aggregated rows out one table
+per model / task / temperature / length / dtype / device, with published figures beside ours where
+the model matches; ``to_markdown``, ``to_latex`` and ``to_csv_rows`` render them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from statistics import mean, stdev
+
+from specbench import metrics
+from specbench.tasks import SUBTASKS
+
+# (key, header) in Spec-Bench's leaderboard order; subtask columns are speedups over AR.
+COLUMNS = [("mt", "MT"), ("translation", "Translation"), ("summarization", "Summarization"),
+           ("qa", "QA"), ("math_reasoning", "Math"), ("rag", "RAG"), ("mat", "MAT"),
+           ("tokens_per_s", "tokens/s"), ("overall", "Overall")]
+VALUE_KEYS = [k for k, _ in COLUMNS]
+SPEEDUP_KEYS = [*SUBTASKS, "overall"]
+# Settings that make two runs comparable (one table); method + params on top make them repeats.
+TABLE_KEYS = ("model", "task", "temperature", "top_k", "top_p", "max_new_tokens", "dtype", "device")
+METHOD_ORDER = ("ar", "tr", "pld", "lookahead", "rest", "medusa")
+# Published figures are greedy, fp16, A100: they go beside our greedy rows only.
+PUBLISHED_LABELS = {"token_recycling_paper_table": "TR paper, A100",
+                    "specbench_leaderboard_a100": "Spec-Bench board, A100"}
+
+
+def run_row(meta: dict, records: list[dict], baseline: list[dict]) -> dict:
+    """One run's leaderboard numbers, recomputed from its answers.
+
+    meta: the run's settings (TABLE_KEYS, method, method_params, repeat, ...), copied into the row.
+    records: the method's answer records; baseline: AR's answers on the same questions (for an AR
+    run, its own records: every speedup is then 1). Speedup = mean(method speeds) / mean(AR
+    speeds), overall over all questions and per subtask (metrics.speedup).
+    """
+    row = dict(meta)
+    row["questions"] = len(records)
+    row["mat"] = metrics.mat(records) if records else None
+    row["tokens_per_s"] = metrics.tokens_per_s(records) if records else None
+    row["decode_tokens_per_s"] = metrics.tokens_per_s(records, decode_only=True) if records else None
+    sp = metrics.speedup(records, baseline) if records and baseline else {}
+    for k in SPEEDUP_KEYS:
+        row[k] = sp.get(k)
+    dsp = metrics.speedup(records, baseline, decode_only=True) if records and baseline else {}
+    row["decode_speedup"] = dsp.get("overall")
+    ids = {r["question_id"] for r in records}
+    base = [b for b in baseline if b["question_id"] in ids]
+    row["baseline_tokens_per_s"] = metrics.tokens_per_s(base) if base else None
+    return row
+
+
+def params_key(params: dict | None) -> str:
+    return json.dumps(params or {}, sort_keys=True)
+
+
+def table_key(row: dict) -> tuple:
+    return tuple(row.get(k) for k in TABLE_KEYS)
+
+
+def repeat_key(row: dict) -> tuple:
+    return (*table_key(row), row["method"], params_key(row.get("method_params")))
+
+
+def _stats(values: list) -> tuple[float | None, float | None]:
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return None, None
+    return mean(vals), (stdev(vals) if len(vals) > 1 else None)
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    """Repeated runs -> one row each: mean of every value column, sample std (None for one run).
+
+    Keys: the settings and method of the group, ``n`` (runs), ``repeats`` (their repeat indices),
+    ``<col>`` (mean) and ``<col>_std`` for every column, ``lossless`` summed over the runs.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(repeat_key(r), []).append(r)
+    out = []
+    for rs in groups.values():
+        first = rs[0]
+        agg = {k: first.get(k) for k in (*TABLE_KEYS, "method", "method_params")}
+        agg["n"] = len(rs)
+        agg["repeats"] = sorted(r.get("repeat") or 0 for r in rs)
+        for k in (*VALUE_KEYS, "decode_speedup", "baseline_tokens_per_s", "questions"):
+            agg[k], agg[f"{k}_std"] = _stats([r.get(k) for r in rs])
+        tallies = [r.get("lossless") for r in rs if r.get("lossless")]
+        agg["lossless"] = ({k: sum(t.get(k, 0) for t in tallies) for k in tallies[0]} if tallies else None)
+        out.append(agg)
+    return out
+
+
+def method_labels(rows: list[dict]) -> dict[tuple, str]:
+    """Method name, plus the parameters that tell apart several variants of one method in a table."""
+    by_method: dict[str, list[dict]] = {}
+    for r in rows:
+        by_method.setdefault(r["method"], []).append(r)
+    labels = {}
+    for m, rs in by_method.items():
+        variants = {params_key(r.get("method_params")) for r in rs}
+        for r in rs:
+            label = m
+            if len(variants) > 1:
+                params = r.get("method_params") or {}
+                differing = [k for k in sorted(params)
+                             if len({json.dumps((x.get("method_params") or {}).get(k)) for x in rs}) > 1]
+                label += " (" + ", ".join(f"{k}={params[k]}" for k in differing) + ")"
+            labels[repeat_key(r)] = label
+    return labels
+
+
+def _method_rank(method: str) -> int:
+    return METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
+
+
+def ar_row_from_baselines(rows: list[dict]) -> dict | None:
+    """When a table has no AR run, an AR row from the methods' own AR references (interleaved)."""
+    tps = [r["baseline_tokens_per_s"] for r in rows if r.get("baseline_tokens_per_s")]
+    if not tps or not rows:
+        return None
+    ar = {k: rows[0].get(k) for k in TABLE_KEYS}
+    ar.update(method="ar", method_params={}, n=len(tps), repeats=[], lossless=None,
+              **{k: 1.0 for k in SPEEDUP_KEYS}, mat=1.0, tokens_per_s=mean(tps),
+              tokens_per_s_std=stdev(tps) if len(tps) > 1 else None, from_baselines=True)
+    return ar
+
+
+def normalize_model(name: str) -> str:
+    """'lmsys/vicuna-7b-v1.3' and 'vicuna-7b' are the same model for the published tables."""
+    name = name.lower().rsplit("/", 1)[-1]
+    return re.sub(r"-v1[.\-_]3$", "", name)
+
+
+def published_for(published: list[dict], model: str, method: str, temperature: float) -> list[dict]:
+    """Published rows for this model and method; the published figures are greedy only."""
+    if temperature not in (0, 0.0, None):
+        return []
+    return [p for p in published if normalize_model(p["model"]) == normalize_model(model)
+            and p["method"] == method]
+
+
+def parse_published(text: str, source: str) -> list[dict]:
+    """A published CSV (leading '#' lines: its source) -> rows with float values or None."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    rows = []
+    for rec in csv.DictReader(lines):
+        row = {"model": rec["model"], "method": rec["method"], "source": source}
+        for k in VALUE_KEYS:
+            v = rec.get("overall_speedup" if k == "overall" else k)
+            row[k] = float(v) if v not in (None, "") else None
+        rows.append(row)
+    return rows
+
+
+def build_tables(rows: list[dict], published: list[dict] | None = None) -> list[dict]:
+    """Aggregated rows -> tables, one per TABLE_KEYS value, each {'key', 'title', 'rows'}.
+
+    Display rows: {'label', 'source' ('ours' or the published source), 'n', values, '<k>_std'}.
+    AR first, then methods by overall speedup (best first); each method's published rows follow it.
+    """
+    published = published or []
+    tables: dict[tuple, list[dict]] = {}
+    for r in rows:
+        tables.setdefault(table_key(r), []).append(r)
+    out = []
+    for key, rs in sorted(tables.items(), key=lambda kv: json.dumps(kv[0], default=str)):
+        rs = list(rs)
+        if not any(r["method"] == "ar" for r in rs):
+            ar = ar_row_from_baselines(rs)
+            if ar:
+                rs.append(ar)
+        labels = method_labels(rs)
+        rs.sort(key=lambda r: (_method_rank(r["method"]) if r["method"] == "ar" else 1,
+                               -(r.get("overall") or 0), labels[repeat_key(r)]))
+        display = []
+        seen_published = set()
+        for r in rs:
+            label = labels[repeat_key(r)] + (" (interleaved)" if r.get("from_baselines") else "")
+            display.append(dict(r, label=label, source="ours"))
+            if r["method"] in seen_published:
+                continue
+            seen_published.add(r["method"])
+            for p in published_for(published, r["model"], r["method"], r["temperature"]):
+                display.append(dict(p, label=r["method"], n=None))
+        meta = dict(zip(TABLE_KEYS, key))
+        out.append({"key": meta, "title": table_title(meta), "rows": display})
+    return out
+
+
+def table_title(meta: dict) -> str:
+    filt = (f", top-k {meta['top_k']}" if meta.get("top_k") else "") + (
+        f", top-p {meta['top_p']:g}" if meta.get("top_p") not in (None, 1, 1.0) else "")
+    return (f"{meta['model']} · {meta['task']} · T={meta['temperature']:g}{filt} · "
+            f"{meta['max_new_tokens']} new tokens · {meta['dtype']} · {meta['device']}")
+
+
+def format_value(key: str, value: float | None, std: float | None = None) -> str:
+    """Speedups as 1.23x, MAT with 2 decimals, tokens/s with 1; '± std' when there is one."""
+    if value is None:
+        return "-"
+    fmt = {"mat": "{:.2f}", "tokens_per_s": "{:.1f}"}.get(key, "{:.2f}x")
+    text = fmt.format(value)
+    if std is not None:
+        text += " ± " + fmt.format(std).rstrip("x")
+    return text
+
+
+def _row_label(r: dict) -> str:
+    return r["label"] if r["source"] == "ours" else f"{r['label']} [{r['source']}]"
+
+
+def _footnote(table: dict) -> str:
+    ours = [r for r in table["rows"] if r["source"] == "ours"]
+    parts = []
+    if any((r.get("n") or 1) > 1 for r in ours):
+        parts.append("ours: mean ± sample std over repeated runs (" + ", ".join(
+            f"{r['label']} n={r['n']}" for r in ours) + ")")
+    lo = [f"{r['label']} {r['lossless']['exact']}/{r['lossless']['checked']} exact"
+          + (f", {r['lossless']['mismatches']} MISMATCHES" if r["lossless"].get("mismatches") else "")
+          for r in ours if r.get("lossless") and r["lossless"].get("checked") and r["method"] != "ar"]
+    if lo:
+        parts.append("lossless check: " + "; ".join(lo))
+    if any(r["source"] != "ours" for r in table["rows"]):
+        parts.append("[..] rows: published figures (greedy, fp16, A100), not comparable in tokens/s")
+    return ". ".join(parts)
+
+
+def to_markdown(tables: list[dict]) -> str:
+    out = []
+    for t in tables:
+        head = ["Method", *[h for _, h in COLUMNS]]
+        lines = [f"### {t['title']}", "", "| " + " | ".join(head) + " |",
+                 "|" + "|".join(["---"] + ["---:"] * len(COLUMNS)) + "|"]
+        for r in t["rows"]:
+            cells = [_row_label(r), *[format_value(k, r.get(k), r.get(f"{k}_std")) for k in VALUE_KEYS]]
+            lines.append("| " + " | ".join(cells) + " |")
+        note = _footnote(t)
+        if note:
+            lines += ["", note + "."]
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + "\n"
+
+
+def _tex(s: str) -> str:
+    return (s.replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("%", "\\%")
+            .replace("&", "\\&").replace("#", "\\#").replace("±", "$\\pm$").replace("·", "/"))
+
+
+def to_latex(tables: list[dict]) -> str:
+    """booktabs tables, one per setting; ``\\usepackage{booktabs}`` in the preamble."""
+    out = []
+    for t in tables:
+        lines = ["\\begin{table}[t]", "\\centering", "\\small",
+                 "\\begin{tabular}{l" + "r" * len(COLUMNS) + "}", "\\toprule",
+                 "Method & " + " & ".join(_tex(h) for _, h in COLUMNS) + " \\\\", "\\midrule"]
+        for r in t["rows"]:
+            cells = [_row_label(r), *[format_value(k, r.get(k), r.get(f"{k}_std")) for k in VALUE_KEYS]]
+            lines.append(" & ".join(_tex(c).replace("x", "$\\times$") if i else _tex(c)
+                                    for i, c in enumerate(cells)) + " \\\\")
+        lines += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{_tex(t['title'])}. {_tex(_footnote(t))}}}",
+                  "\\end{table}"]
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + "\n"
+
+
+CSV_FIELDS = [*TABLE_KEYS, "method", "label", "source", "n",
+              *[c for k in VALUE_KEYS for c in (k, f"{k}_std")]]
+
+
+def to_csv_rows(tables: list[dict]) -> list[dict]:
+    rows = []
+    for t in tables:
+        for r in t["rows"]:
+            rec = dict(t["key"])
+            rec.update({k: r.get(k) for k in CSV_FIELDS if k not in t["key"]})
+            rows.append(rec)
+    return rows
+
+
+def to_csv(tables: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for rec in to_csv_rows(tables):
+        w.writerow({k: ("" if v is None else v) for k, v in rec.items()})
+    return buf.getvalue()
