@@ -42,8 +42,9 @@ def results_dir_for(cfg: dict, method: str) -> Path:
     task = cfg["task"]["name"] + (f"-ps{cfg['task']['per_subtask']}" if cfg["task"].get("per_subtask") else "")
     filt = (f"-k{cfg['top_k']}" if cfg.get("top_k") else "") + (
         f"-p{cfg['top_p']:g}" if cfg.get("top_p", 1.0) < 1 else "")
+    rep = f"-r{cfg['repeat']}" if cfg.get("repeat") else ""  # repeated runs: -r1, -r2, ...
     return (Path(cfg.get("results_root", "results")) / cfg["model"]["name"] / task
-            / f"{method}-t{cfg['temperature']:g}{filt}-m{cfg['max_new_tokens']}")
+            / f"{method}-t{cfg['temperature']:g}{filt}-m{cfg['max_new_tokens']}{rep}")
 
 
 def identity(cfg: dict) -> dict:
@@ -72,8 +73,8 @@ def validate(cfg: dict) -> None:
         raise SettingsError(f"top_p must be in (0, 1], got {cfg['top_p']}")
     if cfg.get("top_k", 0) < 0:
         raise SettingsError(f"top_k must be 0 (off) or positive, got {cfg['top_k']}")
-    if cfg["baseline"] not in ("interleave", "reuse", "none"):
-        raise SettingsError(f"baseline must be interleave, reuse or none, got '{cfg['baseline']}'")
+    if cfg["baseline"] not in ("interleave", "reuse", "shared", "none"):
+        raise SettingsError(f"baseline must be interleave, reuse, shared or none, got '{cfg['baseline']}'")
 
 
 def make_sampler(cfg: dict) -> PositionSampler | None:
@@ -211,6 +212,10 @@ def run_benchmark(cfg: dict) -> dict:
                 f"baseline=reuse: {ar_dir} lacks AR answers for {len(missing)} question(s) "
                 f"(e.g. {missing[0]}); run method=ar with the same settings first, or use baseline=interleave"
             )
+    elif with_baseline and cfg["baseline"] == "shared":  # see specbench/sweep.py
+        from specbench.sweep import SharedBaseline
+        shared = SharedBaseline(results_dir_for(cfg, "ar"), ident, cfg)
+        base_done = shared.load()
     elif with_baseline:
         base_done = {r["question_id"]: r for r in repair_jsonl(base_path)}
 
@@ -238,6 +243,9 @@ def run_benchmark(cfg: dict) -> dict:
     bar = tqdm(total=len(questions), initial=len(questions) - len(todo), desc=f"{method}",
                unit="q", disable=not cfg.get("progress", True), dynamic_ncols=True)
     for q in todo:
+        if with_baseline and cfg["baseline"] == "shared" and q.question_id not in base_done:
+            base_done[q.question_id] = shared.get_or_run(
+                q.question_id, lambda: run_question(engine, ar, tok, q, template, max_new, sampler), _stored)
         if with_baseline and q.question_id not in base_done:
             base_rec = run_question(engine, ar, tok, q, template, max_new, sampler)
             append_jsonl(base_path, _stored(base_rec))
@@ -268,12 +276,19 @@ def run_benchmark(cfg: dict) -> dict:
     checks = [c for c in checks if c["status"] != "unchecked"]
     summary = summarize(cfg, records, base, checks)
     summary["results_dir"] = str(out_dir)
+    summary["repeat"] = cfg.get("repeat", 0)
+    if with_baseline and cfg["baseline"] in ("reuse", "shared"):
+        summary["baseline_dir"] = str(results_dir_for(cfg, "ar"))
     write_json_atomic(out_dir / "summary.json", summary)
     print(format_table(summary))
     for d in summary["lossless_details"]:
         print(f"  {d['status']}: question {d['question_id']} turn {d['turn']} position {d['position']} "
               f"(AR top-2 margin {d['ar_top2_margin']:.2e})")
     print(f"results: {out_dir}")
+
+    # ---- reporting hooks (sweeps, tables, wandb: specbench/reporting.py); they warn, never fail ----
+    from specbench.reporting import after_run
+    after_run(cfg, summary, records, base, out_dir)
     return summary
 
 
