@@ -1,0 +1,62 @@
+"""Spec-Bench leaderboard tables from a results root, as Markdown, LaTeX and CSV.
+
+    python scripts/make_tables.py results/                 # prints Markdown, writes results/tables.*
+    python scripts/make_tables.py results/ --out paper/ --published results/published
+
+One table per model / task / temperature / max_new_tokens / dtype / device, columns MT,
+Translation, Summarization, QA, Math, RAG (speedups over AR), MAT, tokens/s, Overall (speedup over
+all questions). Every number is recomputed from answers.jsonl with Spec-Bench's definitions.
+Repeated runs (repeat=0,1,2 -> directories <run>, <run>-r1, <run>-r2; any runs with the same
+settings and method) are shown as mean ± sample std. Where the model is one of the published ones
+(vicuna-7b/13b/33b v1.3) and decoding is greedy, the published rows (TR paper table and Spec-Bench
+A100 board, results/published/) follow our rows, marked [source].
+
+Also writes the sweep-level <root>/results.csv: one line per run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specbench import collect, tables  # noqa: E402
+
+DEFAULT_PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("root", nargs="?", default="results", help="results root (or one run directory)")
+    ap.add_argument("--out", help="where tables.md/.tex/.csv go (default: the results root)")
+    ap.add_argument("--published", default=str(DEFAULT_PUBLISHED),
+                    help="directory of published CSVs ('' for none)")
+    ap.add_argument("--no-results-csv", action="store_true", help="do not write <root>/results.csv")
+    args = ap.parse_args(argv)
+
+    root = Path(args.root)
+    runs = collect.load_runs(root)
+    if not runs:
+        print(f"no run directories (run_config.json + answers.jsonl) under {root}", file=sys.stderr)
+        return 1
+    rows = collect.run_rows(runs)
+    published = collect.load_published(args.published) if args.published and Path(args.published).is_dir() else []
+    built = tables.build_tables(tables.aggregate(rows), published)
+    out = Path(args.out) if args.out else (root if root.is_dir() else root.parent)
+    out.mkdir(parents=True, exist_ok=True)
+    md = tables.to_markdown(built)
+    (out / "tables.md").write_text(md)
+    (out / "tables.tex").write_text(tables.to_latex(built))
+    (out / "tables.csv").write_text(tables.to_csv(built))
+    if not args.no_results_csv:
+        collect.write_results_csv(root, out / "results.csv")
+    print(md)
+    print(f"written: {out / 'tables.md'}, {out / 'tables.tex'}, {out / 'tables.csv'}"
+          + ("" if args.no_results_csv else f", {out / 'results.csv'}"), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Profile the model's verification-forward cost curve t(w), w = 1..W rows, on this device/dtype.
+
+    python scripts/profile_cost.py                       # smollm2-135m, w = 1..81, context 400
+    python scripts/profile_cost.py --model vicuna-7b --device cuda --dtype float16 --max-width 128
+
+Writes the curve to the cache the runner and adaptive TR read ($SPECBENCH_CACHE/cost/, one file
+per model, device name and dtype) and, with --out, a copy there. Prints t(w) in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specbench.cost import cache_path, measure_cost_curve  # noqa: E402
+from specbench.models import load_model, resolve_device, resolve_dtype  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="a conf/model/*.yaml name")
+    ap.add_argument("--model-path", default=None, help="override model.path")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-width", type=int, default=81, help="W: rows up to root + 80 draft nodes")
+    ap.add_argument("--widths", default=None, help="comma-separated widths instead of 1..W")
+    ap.add_argument("--context", type=int, default=400, help="cached tokens before the forward")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--no-cache", action="store_true", help="do not write the runner's cache")
+    args = ap.parse_args(argv)
+
+    root = Path(__file__).resolve().parents[1]
+    mcfg = OmegaConf.to_container(OmegaConf.load(root / "conf" / "model" / f"{args.model}.yaml"))
+    if args.model_path:
+        mcfg["path"] = args.model_path
+    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    model, _ = load_model(mcfg, device, dtype)
+    widths = ([int(w) for w in args.widths.split(",")] if args.widths
+              else list(range(1, args.max_width + 1)))
+    curve = measure_cost_curve(model, widths, context_len=args.context, repeats=args.repeats,
+                               warmup=args.warmup, model_name=mcfg["name"], dtype_name=args.dtype,
+                               progress=True)
+    paths = []
+    if not args.no_cache:
+        paths.append(curve.save(cache_path(curve.model, curve.device, curve.dtype)))
+    if args.out:
+        paths.append(curve.save(args.out))
+    print(f"{curve.model} on {curve.device}, {curve.dtype}, context {curve.context_len}, "
+          f"median of {curve.repeats}")
+    print(" ".join(f"w={w}:{t * 1e3:.1f}ms" for w, t in zip(curve.widths, curve.times)))
+    for p in paths:
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The hardware's cost curve: time of one verification forward of w rows, and the speedup bound.
+
+`measure_cost_curve` times the engine's own `forward_rows` (mask building included) for w rows
+(the root + w - 1 draft nodes in a chain; w = 1 is the plain AR step, no mask) after a prefix of
+`context_len` tokens, device-synchronised, interleaving the widths over the repeats so drift
+spreads evenly, and keeps the median per width. The attention mask is dense, so a chain and a
+tree of the same row count cost the same.
+
+A curve is cached per (model, device name, dtype) as JSON under $SPECBENCH_CACHE/cost/
+(default ~/.cache/specbench/cost/); `scripts/profile_cost.py` writes the full one (w = 1..W),
+and the runner measures a quick one (`QUICK_WIDTHS`, 3 repeats) when none is cached.
+
+Speedup bound of a run: MAT x t(1) / t(mean rows per step), the speedup the run would have
+reached with zero harness overhead (drafting, verification, KV compaction). `bound_per_step`
+uses every step's own row count: sum(accepted) x t(1) / sum(t(rows)); for a method that varies
+its tree (adaptive TR) that is the tighter figure, since t is not linear.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import statistics
+import time
+from bisect import bisect_left
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from specbench.timing import now
+
+QUICK_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 81)
+
+
+def device_name(device: torch.device | str) -> str:
+    """The same label the runner writes in summaries ('cuda' gets the GPU's name)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return (platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
+
+
+@dataclass
+class CostCurve:
+    """Median forward time (seconds) of w rows, for the measured widths; t(w) interpolates."""
+
+    widths: list[int]
+    times: list[float]
+    model: str = ""
+    device: str = ""
+    dtype: str = ""
+    context_len: int = 0
+    repeats: int = 0
+    quick: bool = False
+    created: str = ""
+    versions: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        pairs = sorted(zip((int(w) for w in self.widths), (float(t) for t in self.times)))
+        if not pairs or pairs[0][0] != 1:
+            raise ValueError("a cost curve needs a time for w = 1 (the plain step)")
+        self.widths = [p[0] for p in pairs]
+        self.times = [p[1] for p in pairs]
+
+    def t(self, w: float) -> float:
+        """Forward time of w rows: linear between measured widths, linear extrapolation past them."""
+        ws, ts = self.widths, self.times
+        if w <= ws[0]:
+            return ts[0]
+        i = bisect_left(ws, w)
+        if i < len(ws) and ws[i] == w:
+            return ts[i]
+        if i == len(ws):  # past the last width: extend the last segment
+            if len(ws) == 1:
+                return ts[0]
+            i = len(ws) - 1
+        w0, w1, t0, t1 = ws[i - 1], ws[i], ts[i - 1], ts[i]
+        return t0 + (t1 - t0) * (w - w0) / (w1 - w0)
+
+    def table(self, upto: int | None = None) -> list[float]:
+        """t(w) for w = 1..upto (default: the largest measured width), index w - 1."""
+        return [self.t(w) for w in range(1, (upto or self.widths[-1]) + 1)]
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["times_ms"] = {str(w): round(t * 1e3, 3) for w, t in zip(self.widths, self.times)}
+        del d["times"]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CostCurve":
+        if "times_ms" in d:
+            widths = [int(w) for w in d["times_ms"]]
+            times = [float(v) / 1e3 for v in d["times_ms"].values()]
+        else:
+            widths, times = d["widths"], d["times"]
+        keep = {k: d[k] for k in ("model", "device", "dtype", "context_len", "repeats", "quick",
+                                  "created", "versions") if k in d}
+        return cls(widths=widths, times=times, **keep)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostCurve":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    def speedup_bound(self, mat: float, mean_rows: float) -> float:
+        """MAT x t(1) / t(mean rows per step)."""
+        return mat * self.t(1) / self.t(mean_rows)
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_")
+
+
+def cache_path(model: str, device: str, dtype: str) -> Path:
+    from specbench.models import cache_root
+
+    return cache_root() / "cost" / f"{_slug(model)}__{_slug(device)}__{_slug(dtype)}.json"
+
+
+def load_cached(model: str, device: str, dtype: str) -> CostCurve | None:
+    path = cache_path(model, device, dtype)
+    return CostCurve.load(path) if path.is_file() else None
+
+
+@torch.inference_mode()
+def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repeats: int = 7,
+                       warmup: int = 2, model_name: str = "", dtype_name: str | None = None,
+                       quick: bool = False, progress: bool = False) -> CostCurve:
+    """Median time of the engine's forward over w rows after `context_len` cached tokens."""
+    from transformers import DynamicCache
+
+    from specbench.drafter import Draft
+    from specbench.engine import Engine
+    from specbench.kv_cache import compact_kv_cache
+    from specbench.tree import DraftTree
+
+    widths = sorted({int(w) for w in widths} | {1})
+    engine = Engine(model, eos_token_ids=[])
+    dev = engine.device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (context_len,), generator=g)
+    cache = DynamicCache()
+    model(input_ids=prefix[None].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    drafts = {w: None if w == 1 else Draft(tokens=torch.randint(0, vocab, (w - 1,), generator=g),
+                                           tree=DraftTree.chain(w - 1)) for w in widths}
+    samples: dict[int, list[float]] = {w: [] for w in widths}
+    for rep in range(warmup + repeats):
+        order = widths if rep % 2 == 0 else widths[::-1]
+        for w in order:
+            t0 = now(dev)
+            engine.forward_rows(cache, context_len, drafts[w], root=int(prefix[-1]))
+            dt = now(dev) - t0
+            compact_kv_cache(cache, context_len, [])
+            if rep >= warmup:
+                samples[w].append(dt)
+        if progress:
+            print(f"  repeat {rep + 1}/{warmup + repeats}", flush=True)
+    dtype = dtype_name or str(model.dtype).replace("torch.", "")
+    return CostCurve(
+        widths=widths, times=[statistics.median(samples[w]) for w in widths], model=model_name,
+        device=device_name(dev), dtype=dtype, context_len=context_len, repeats=repeats, quick=quick,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        versions={"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+    )
+
+
+def curve_for(model, model_name: str, dtype_name: str, measure: bool = True,
+              context_len: int = 400) -> CostCurve | None:
+    """The cached curve for this (model, device, dtype); else a quick one measured now and cached
+    (about 13 widths x 3 repeats: seconds on a CPU), or None when `measure` is false."""
+    dev_name = device_name(model.device)
+    cached = load_cached(model_name, dev_name, dtype_name)
+    if cached is not None or not measure:
+        return cached
+    curve = measure_cost_curve(model, QUICK_WIDTHS, context_len=context_len, repeats=3, warmup=1,
+                               model_name=model_name, dtype_name=dtype_name, quick=True)
+    curve.save(cache_path(model_name, dev_name, dtype_name))
+    return curve
+
+
+def run_bound(curve: CostCurve | None, records: list[dict]) -> dict | None:
+    """Speedup bounds of a run from its answers' per-turn `step_rows` and `accept_lengths`.
+
+    Returns None without a curve or when no turn recorded its rows (answers from older runs)."""
+    if curve is None:
+        return None
+    rows, acc = [], []
+    for r in records:
+        for t in r["turns"]:
+            if "step_rows" not in t:
+                return None
+            rows.extend(t["step_rows"])
+            acc.extend(t["accept_lengths"])
+    if not rows:
+        return None
+    mat = sum(acc) / len(acc)
+    mean_rows = sum(rows) / len(rows)
+    t1 = curve.t(1)
+    return {
+        "bound": curve.speedup_bound(mat, mean_rows),
+        "bound_per_step": sum(acc) * t1 / sum(curve.t(w) for w in rows),
+        "mean_rows": mean_rows,
+        "cost_curve": {"device": curve.device, "dtype": curve.dtype, "model": curve.model,
+                       "context_len": curve.context_len, "quick": curve.quick,
+                       "t1_ms": round(t1 * 1e3, 3), "t_mean_rows_ms": round(curve.t(mean_rows) * 1e3, 3)},
+    }

@@ -1,0 +1,26 @@
+"""notebooks/results.ipynb runs top to bottom on the results fixture (so it cannot rot)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+pytest.importorskip("matplotlib")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_results_notebook_executes(monkeypatch):
+    monkeypatch.setenv("SPECBENCH_RESULTS", str(ROOT / "tests" / "fixtures" / "results"))
+    nb = nbformat.read(ROOT / "notebooks" / "results.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(str(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+    assert "| Method | MT | Translation | Summarization | QA | Math | RAG | MAT | tokens/s | Overall |" in text
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) >= 9  # 4 plots x 2 temperatures + speedup against temperature
