@@ -222,8 +222,11 @@ def run_benchmark(cfg: dict) -> dict:
     model, tok = load_model(cfg["model"], device, dtype)
     engine = Engine(model, eos_token_ids(model, tok))
     params = method_params(cfg)
+    # Every drafter is offered the same facts about the target; each takes what it needs (Medusa
+    # reads the model's vocabulary projection, adaptive TR its cost curve) and ignores the rest.
     drafter = build_drafter(method, vocab_size=model.get_output_embeddings().weight.shape[0],
-                            device=device, **params)
+                            device=device, model=model, model_name=cfg["model"]["name"],
+                            dtype_name=cfg["dtype"], **params)
     ar = build_drafter("ar")
     template = cfg["model"].get("chat_template", "auto")
     max_new = int(cfg["max_new_tokens"])
