@@ -16,6 +16,12 @@ def model_config(name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml"))
 
 
+@pytest.fixture(autouse=True)
+def _wandb_off(monkeypatch):
+    """Runs made by tests log nothing to wandb (tests/test_wandb.py turns it back on)."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
 @pytest.fixture(scope="session")
 def tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
-pytest.importorskip("matplotlib")
+import ipykernel  # noqa: F401  (the "notebooks" extra, in "test")
+import matplotlib  # noqa: F401
+import nbclient
+import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,8 @@ def test_multirun_gives_each_run_its_own_directory():
 
 
 def test_slurm_launcher_config_composes():
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    import hydra_plugins.hydra_submitit_launcher  # noqa: F401  (the "slurm" extra, in "test")
+
     with initialize_config_dir(config_dir=CONF, version_base=None):
         c = compose("config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "method=ar"],
                     return_hydra_config=True)

@@ -21,7 +21,6 @@ def _inputs(tmp_path, **wandb_cfg):
 
 
 def test_offline_run_logs_config_questions_summary_and_plots(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     from specbench.wandb_log import log_run, question_metrics
 
@@ -48,6 +47,7 @@ def test_offline_run_logs_config_questions_summary_and_plots(tmp_path, monkeypat
 def test_disabled_logs_nothing(tmp_path, monkeypatch):
     from specbench.wandb_log import log_run
 
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg, summary, records, base = _inputs(tmp_path, enabled=False)
     assert log_run(cfg, summary, records, base, tmp_path / "a") is None
     cfg, *_ = _inputs(tmp_path)

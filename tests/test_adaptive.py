@@ -1,0 +1,245 @@
+"""Goodput-aware Token Recycling: the chooser's math on synthetic curves and statistics, the
+drafter's bookkeeping, and losslessness on the real model with curves that do and do not draft."""
+
+import json
+
+import pytest
+import torch
+
+from methods.ar import Autoregressive
+from methods.tr import AdaptiveTokenRecycling, TokenRecycling
+from specbench.cost import CostCurve
+from specbench.drafter import DecodeState
+from specbench.goodput import (AcceptanceStats, best_size, choose_nodes, counterfactual_path, monotone_down,
+                               prior_probabilities, subtree_parents)
+from specbench.tree import DraftTree
+
+T1 = 0.064
+
+
+def linear_curve(n: int) -> list[float]:
+    """Every row costs as much as a plain step: drafting never pays."""
+    return [T1 * w for w in range(1, n + 1)]
+
+
+def flat_curve(n: int) -> list[float]:
+    """Rows are free: the whole tree pays."""
+    return [T1] * n
+
+
+def curve(times_by_width: dict[int, float]) -> CostCurve:
+    return CostCurve(widths=list(times_by_width), times=list(times_by_width.values()))
+
+
+# ---- the chooser ------------------------------------------------------------------------------
+
+TREE = DraftTree((0, 0, 1, 1, 2))  # root -> 1, 2; 1 -> 3, 4; 2 -> 5
+P = [0.6, 0.3, 0.4, 0.1, 0.2]
+
+
+def test_plain_step_when_drafting_never_pays():
+    assert choose_nodes(P, TREE.parents, linear_curve(6)) == ()
+    assert choose_nodes([1.0] * 5, TREE.parents, linear_curve(6), min_gain=0.01) == ()
+
+
+def test_whole_tree_when_rows_are_free():
+    assert choose_nodes(P, TREE.parents, flat_curve(6)) == (1, 2, 3, 4, 5)
+
+
+def test_mid_case_by_hand():
+    # sorted p: 0.6 (1), 0.4 (3), 0.3 (2), 0.2 (5), 0.1 (4); t(w) for w = 1..6:
+    t = [1.0, 1.2, 1.3, 2.0, 2.1, 2.2]
+    # m=0: 1/1 = 1; m=1: 1.6/1.2 = 1.33; m=2: 2.0/1.3 = 1.54; m=3: 2.3/2.0 = 1.15; m=4: 2.5/2.1; m=5: 2.6/2.2
+    assert best_size([0.6, 0.4, 0.3, 0.2, 0.1], t) == 2
+    assert choose_nodes(P, TREE.parents, t) == (1, 3)
+
+
+def test_non_monotone_curve_prefers_the_cheaper_wider_forward():
+    # as on this CPU's BLAS: 2 and 3 rows cost more than 4
+    t = [1.0, 1.9, 1.9, 1.5, 1.6, 1.7]
+    # 3 nodes: 2.3 / 1.5 = 1.53 beats 1 / 1, 1.6 / 1.9, 2.0 / 1.9, 2.35 / 1.6 and 2.36 / 1.7
+    assert best_size([0.6, 0.4, 0.3, 0.05, 0.01], t) == 3
+
+
+def test_min_gain_refuses_a_marginal_draft():
+    t = [1.0, 1.5]
+    assert best_size([0.55], t) == 1  # 1.55 / 1.5 = 1.033
+    assert best_size([0.55], t, min_gain=0.05) == 0
+
+
+def test_monotone_down_caps_children_and_keeps_the_set_parent_closed():
+    p = [0.2, 0.1, 0.5, 0.05, 0.3]  # node 3 (child of 1) and node 5 (child of 2) above their parents
+    assert monotone_down(p, TREE.parents) == [0.2, 0.1, 0.2, 0.05, 0.1]
+    for t in ([1.0, 1.05, 1.1, 1.12, 1.13, 1.14], flat_curve(6)):
+        nodes = choose_nodes(p, TREE.parents, t)
+        assert all(TREE.parents[v - 1] in (0, *nodes) for v in nodes)
+
+
+def test_subtree_parents_renumbers_and_refuses_orphans():
+    assert subtree_parents((1, 3), TREE.parents) == (0, 1)
+    assert subtree_parents((1, 2, 4, 5), TREE.parents) == (0, 0, 1, 2)
+    with pytest.raises(ValueError, match="parent-closed"):
+        subtree_parents((3,), TREE.parents)
+
+
+def test_counterfactual_path_follows_the_verifier():
+    tokens = [9, 10, 11, 12, 13, 14]  # root 9; node v has token 9 + v
+    assert counterfactual_path(TREE.children, tokens, [11, 14, 99]) == [2, 5]
+    assert counterfactual_path(TREE.children, tokens, [10, 13]) == [1, 4]
+    assert counterfactual_path(TREE.children, tokens, [42]) == []
+    assert counterfactual_path(TREE.children, tokens, []) == []
+    dup = [9, 10, 10, 12, 13, 14]  # siblings 1 and 2 share a token: the first one wins
+    assert counterfactual_path(TREE.children, dup, [10, 14]) == [1]
+
+
+def test_prior_decays_with_depth_and_rank():
+    assert prior_probabilities([1, 1, 2], [0, 1, 0], 0.5) == [0.5, 0.25, 0.25]
+
+
+def test_stats_move_from_the_prior_to_the_observed_rates():
+    stats = AcceptanceStats([0.5, 0.25], prior_steps=4, half_life=1e9)
+    assert stats.probabilities() == pytest.approx([0.5, 0.25])
+    for i in range(400):
+        stats.add([1] if i % 4 else [1, 2])  # node 1 always, node 2 one step in four
+    assert stats.probabilities() == pytest.approx([1.0, 0.25], abs=0.01)
+    assert stats.version[0] == 400
+
+
+def test_stats_forget_with_their_half_life_and_keep_buckets_apart():
+    stats = AcceptanceStats([0.0], prior_steps=0, half_life=10, buckets=2)
+    for _ in range(10):
+        stats.add([1])
+    for _ in range(10):
+        stats.add([])
+    # the ten hits are ten steps old: they weigh half as much as the ten misses
+    hits = sum(0.5 ** (k / 10) for k in range(10, 20))
+    misses = sum(0.5 ** (k / 10) for k in range(10))
+    assert stats.probabilities()[0] == pytest.approx(hits / (hits + misses))
+    assert stats.probabilities(1) == [0.0]  # bucket 1 saw nothing: its prior
+
+
+def test_stats_survive_renormalisation():
+    stats = AcceptanceStats([0.3], prior_steps=2, half_life=1)
+    for i in range(1000):  # the weight doubles each step, so it is renormalised several times
+        stats.add([1] if i % 2 else [])
+    p = stats.probabilities()[0]
+    assert 0.3 < p < 0.8 and stats.weight[0] < 1e100
+
+
+# ---- the drafter ------------------------------------------------------------------------------
+
+def adaptive(step_times: list[float], **kw) -> AdaptiveTokenRecycling:
+    c = CostCurve(widths=list(range(1, len(step_times) + 1)), times=step_times)
+    return AdaptiveTokenRecycling(vocab_size=10, k=2, tree=[[2], [2, 1]], cost_curve=c, **kw)
+
+
+def feed(drafter, sequence: list[int], prompt_len: int = 1):
+    """propose at every position of a sequence as if each step decided exactly one token."""
+    drafts = []
+    for n in range(prompt_len, len(sequence) + 1):
+        drafts.append(drafter.propose(DecodeState(tokens=torch.tensor(sequence[:n]), prompt_len=prompt_len,
+                                                  step=n - prompt_len)))
+    return drafts
+
+
+def test_adaptive_learns_a_predictable_chain_and_drafts_it():
+    d = adaptive([1.0, 1.02, 1.04, 1.06, 1.08, 1.1], prior_steps=1, half_life=1000, context_buckets=False)
+    d.matrix[1] = torch.tensor([2, 5], dtype=torch.int32)  # 1 -> 2 -> 3 -> 1 ..., rank 0 always right
+    d.matrix[2] = torch.tensor([3, 6], dtype=torch.int32)
+    d.matrix[3] = torch.tensor([1, 7], dtype=torch.int32)
+    drafts = feed(d, [1, 2, 3] * 20)
+    last = drafts[-1]
+    assert last is not None
+    # the rank-0 chain (template nodes 1 and 3) is always right; the rank-1 nodes never are
+    assert last.tree.parents == (0, 1) and last.tokens.tolist() == [1, 2]  # root 3 -> 1 -> 2
+    assert d.drafted_steps > 0
+
+
+def test_adaptive_never_drafts_when_rows_cost_a_step_each():
+    d = adaptive(linear_curve(6))
+    d.matrix[1] = torch.tensor([2, 5], dtype=torch.int32)
+    d.matrix[2] = torch.tensor([3, 6], dtype=torch.int32)
+    d.matrix[3] = torch.tensor([1, 7], dtype=torch.int32)
+    assert all(x is None for x in feed(d, [1, 2, 3] * 20))
+    assert d.stats.probabilities(1)[0] > 0.9  # it still learned that rank 0 is right after a rank-0 hit
+
+
+def test_adaptive_drafts_everything_when_rows_are_free():
+    d = adaptive(flat_curve(6))
+    draft = feed(d, [4])[0]
+    assert draft.tree.parents == (0, 0, 1, 1, 2)
+
+
+def test_adaptive_needs_a_curve_and_refuses_tree_adaptive_for_tr():
+    with pytest.raises(ValueError, match="cost curve"):
+        AdaptiveTokenRecycling(vocab_size=10)
+    with pytest.raises(ValueError, match="tr_adaptive"):
+        TokenRecycling(vocab_size=10, tree="adaptive")
+
+
+def test_curve_from_a_file(tmp_path):
+    path = curve({1: 0.05, 8: 0.06, 81: 0.5}).save(tmp_path / "c.json")
+    d = AdaptiveTokenRecycling(vocab_size=10, cost_curve=str(path))
+    assert d.step_times[0] == pytest.approx(0.05) and len(d.step_times) == 81
+
+
+# ---- lossless on the real model ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def three_prompts(real_model, spec_bench_path):
+    from specbench.chat import prompt_ids
+    from specbench.tasks import load_jsonl_questions, select_per_subtask
+
+    _, tok, _ = real_model
+    qs = {q.subtask: q for q in select_per_subtask(load_jsonl_questions(spec_bench_path), 1)}
+    return [prompt_ids(tok, [{"role": "user", "content": qs[s].turns[0]}])
+            for s in ("translation", "math_reasoning", "rag")]
+
+
+@pytest.mark.parametrize("kind", ["drafts", "never_drafts"])
+def test_adaptive_equals_ar_on_spec_bench(real_model, three_prompts, kind):
+    from specbench.engine import Engine
+
+    model, _, eos = real_model
+    engine = Engine(model, eos)
+    # "drafts": a plain step costs 64 ms and any tree up to 81 rows 70 ms, so trees pay as soon as
+    # the statistics expect 0.1 accepted tokens; "never_drafts": every row costs a plain step.
+    times = ({1: T1, 2: 0.070, 81: 0.070} if kind == "drafts"
+             else {w: T1 * w for w in (1, 2, 4, 8, 16, 32, 64, 81)})
+    drafter = AdaptiveTokenRecycling(vocab_size=model.config.vocab_size, cost_curve=curve(times))
+    rows, lengths = [], []
+    for ids in three_prompts:
+        ar = engine.generate(ids, Autoregressive(), 64)
+        out = engine.generate(ids, drafter, 64)
+        assert out.tokens == ar.tokens
+        rows += out.step_rows
+        lengths += out.accept_lengths
+    if kind == "drafts":
+        assert drafter.drafted_steps > 0 and max(rows) > 2
+        assert sum(lengths) / len(lengths) > 1.2
+    else:
+        assert drafter.drafted_steps == 0 and set(rows) == {1} and set(lengths) == {1}
+
+
+def test_run_with_adaptive_tr_reports_rows_and_bound(real_model, tmp_path, capsys):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from specbench.runner import run_benchmark
+    from tests.test_config import CONF
+
+    curve_file = curve({1: T1, 2: 0.070, 81: 0.3}).save(tmp_path / "curve.json")
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        cfg = OmegaConf.to_container(compose("config", overrides=[
+            "method=tr_adaptive", "task.limit=1", "max_new_tokens=16", "warmup=0", f"cost_curve={curve_file}",
+            f"results_dir={tmp_path / 'run'}", "progress=false", "wandb.enabled=false"]), resolve=True)
+    summary = run_benchmark(cfg)
+    assert summary["method"] == "tr_adaptive" and summary["lossless"]["mismatches"] == 0
+    rec = json.loads((tmp_path / "run" / "answers.jsonl").read_text().splitlines()[0])
+    turn = rec["turns"][0]
+    assert len(turn["step_rows"]) == len(turn["accept_lengths"]) == turn["decoding_steps"]
+    assert summary["speedup_bound"] > 0
+    assert summary["speedup_bound_detail"]["cost_curve"]["t1_ms"] == pytest.approx(64.0)
+    assert json.loads((tmp_path / "run" / "cost_curve.json").read_text())["times_ms"]["1"] == 64.0
+    out = capsys.readouterr().out
+    assert "| tr_adaptive " in out and "bound" in out
