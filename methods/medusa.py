@@ -1,0 +1,123 @@
+"""Medusa (Cai et al. 2024; FasterDecoding/Medusa): extra heads on the base model draft a token tree.
+
+Head k reads the hidden state of the row whose logits chose the current root (the last accepted
+row of the previous verification, or the prompt's last position after the prefill) and predicts
+the token k+1 places after the root. A choices list (default mc_sim_7b_63: 63 nodes, depth 4) says
+which of each head's top-k tokens to combine: node [r0, r1] is head 0's rank r0 followed by head
+1's rank r1. All nodes at one depth draw from the same head at the same row; only the tree shape
+makes them a tree. Verification is the engine's: greedy acceptance keeps the output identical to
+AR. Typical acceptance (`typical=true`) is Medusa's lossy option; see `override_targets`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
+from specbench.medusa_heads import (MedusaHeadsError, load_choices, load_heads, resolve_heads_dir,
+                                    tree_from_choices)
+from specbench.registry import register
+
+
+@register("medusa")
+class Medusa(Drafter):
+    needs_hidden_states = True
+
+    def __init__(self, vocab_size: int, model=None, model_name: str | None = None, heads: str = "default",
+                 choices="mc_sim_7b_63", num_heads: int | None = None, typical: bool = False,
+                 posterior_threshold: float = 0.09, posterior_alpha: float = 0.3,
+                 typical_temperature: float = 0.7, **_):
+        if model is None:
+            raise MedusaHeadsError("Medusa needs the base model (its lm_head and hidden size)")
+        self.choices = tree_from_choices(load_choices(choices))
+        depth = self.choices.depth
+        self.heads = load_heads(resolve_heads_dir(heads, model_name), num_heads)
+        if self.heads.num_heads < depth:
+            raise MedusaHeadsError(
+                f"the Medusa tree is {depth} deep but only {self.heads.num_heads} head(s) are loaded; "
+                f"use a shallower method.choices or raise method.num_heads")
+        lm_head = model.get_output_embeddings().weight
+        if self.heads.hidden_size != lm_head.shape[1] or self.heads.vocab_size not in (0, vocab_size):
+            raise MedusaHeadsError(
+                f"Medusa heads (hidden {self.heads.hidden_size}, vocabulary {self.heads.vocab_size}) do not fit "
+                f"model '{model_name}' (hidden {lm_head.shape[1]}, vocabulary {vocab_size}); pass "
+                f"method.heads=<heads trained for this model>")
+        self.heads.to(device=lm_head.device, dtype=lm_head.dtype)
+        if self.heads.shared_projection:
+            self.heads.set_shared_projection(lm_head)
+        # Heads beyond the tree's depth would cost a vocabulary projection each for nothing.
+        self._used_heads = depth
+        self._topk = self.choices.topk_per_head()
+        width = max(self._topk)
+        # Flat index of every node's token in the (depth, width) table of per-head top-k tokens.
+        self._gather = torch.tensor([h * width + r for h, r in zip(self.choices.heads, self.choices.ranks)],
+                                    device=lm_head.device)
+        self._width = width
+        self.tree = self.choices.tree
+        self.typical = bool(typical)
+        self.lossless = not self.typical  # typical acceptance accepts tokens the target would not pick
+        self.posterior_threshold = float(posterior_threshold)
+        self.posterior_alpha = float(posterior_alpha)
+        self.typical_temperature = float(typical_temperature)
+        if self.typical and self.typical_temperature <= 0:
+            raise MedusaHeadsError("method.typical_temperature must be positive for typical acceptance")
+        self._hidden: torch.Tensor | None = None  # (1, hidden) of the row that chose the root
+
+    def start_question(self) -> None:
+        self._hidden = None
+
+    def observe_prefill(self, last_hidden: torch.Tensor) -> None:
+        self._hidden = last_hidden[-1:]
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Draft | None:
+        if self._hidden is None:
+            return None
+        logits = self.heads(self._hidden[0], self._used_heads)  # (depth, vocab)
+        table = logits.topk(self._width, dim=-1).indices  # (depth, width)
+        return Draft(tokens=table.flatten()[self._gather], tree=self.tree)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        # The next root was chosen by the last accepted row's logits; its hidden state feeds the heads.
+        row = outcome.accepted[-1] if outcome.accepted else 0
+        self._hidden = outcome.hidden_states[row : row + 1]
+
+    def override_targets(self, draft: Draft, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Typical acceptance (Medusa's posterior_threshold / posterior_alpha), expressed as targets.
+
+        `logits` are the tree rows (root first), `targets` the engine's choice at each row. A node is
+        plausible when its token's probability under its parent's row, at `typical_temperature`,
+        exceeds min(threshold, alpha * exp(-entropy of that row)). Among the nodes whose whole path
+        is plausible, the deepest wins (ties: the highest path log-likelihood), as in Medusa's
+        evaluate_posterior. Setting each ancestor's target to the next token on that path makes the
+        engine's ordinary verification accept exactly this path; the bonus token stays the engine's
+        own choice at the last accepted row. Greedy mode returns `targets` untouched. Everything stays
+        on the device (no host sync).
+
+        The engine must call this between choosing targets and accepting a path (see the report that
+        came with this method); until it does, typical=true decodes greedily.
+        """
+        if not self.typical:
+            return targets
+        tree = draft.tree
+        dev = logits.device
+        as_list = isinstance(targets, list)
+        targets = torch.as_tensor(targets, device=dev).clone()
+        logp = torch.log_softmax(logits[: tree.size].float() / self.typical_temperature, dim=-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        threshold = torch.minimum(torch.full_like(entropy, self.posterior_threshold),
+                                  self.posterior_alpha * torch.exp(-entropy))
+        parents = torch.tensor(tree.parents, device=dev)
+        tokens = draft.tokens.to(dev)
+        node_logp = torch.cat([logp.new_zeros(1), logp[parents, tokens]])  # root first
+        plausible = torch.cat([torch.ones(1, dtype=torch.bool, device=dev),
+                               node_logp[1:].exp() > threshold[parents]])
+        ancestors = tree.ancestor_mask.to(dev)  # row i: i and its ancestors
+        path_ok = ~(ancestors & ~plausible[None, :]).any(dim=1)
+        path_logp = (ancestors.float() * node_logp[None, :]).sum(dim=1)
+        # Deepest first, then likelihood: plausible paths have log p > -12 per node (threshold >=
+        # alpha / vocab), so a depth step of 1e4 dominates any likelihood difference.
+        score = torch.where(path_ok, tree.depths.to(dev) * 1e4 + path_logp, torch.tensor(-float("inf"), device=dev))
+        on_path = ancestors[score.argmax()][1:]  # draft nodes on the chosen path (empty: the root only)
+        targets[parents[on_path]] = tokens[on_path]
+        return targets.tolist() if as_list else targets
