@@ -4,25 +4,60 @@ One forward pass per step carries two branches that never see each other:
 
 * the lookahead branch, a Jacobi window of `levels` x `cols` cells. Cell (0, 0) is the root (the
   last decided token, row 0 of the forward); every other cell is an extra (non-candidate) row of the
-  Draft. Cell (l, c) sits at position offset c + l from the root. Level 0 is causal among itself;
-  cell (l, c), l >= 1, sees level-0 columns <= c and column c of levels 1..l. Its positions are
-  therefore contiguous: root .. root + c + l.
-* the verification branch: up to G (N-1)-grams from the pool keyed by the root, as tree nodes (each
-  row sees the prefix, the root and its own earlier tokens).
+  Draft, never accepted. Cell (l, c) sits at position offset l + c from the root (the original's
+  position ids). Level 0 is causal among itself; cell (l, c), l >= 1, sees level-0 columns <= c and
+  column c of levels 1..l, so every cell sees a contiguous run of positions, root .. root + l + c.
+* the verification branch: the (N-1)-grams the pool holds for the root, as draft-tree nodes (each
+  sees the cached prefix, the root and its own earlier tokens; never a window cell).
 
-The window starts as one level of W + N - 2 columns (root + W + N - 3 tokens copied at random from
-the prompt) and grows one level per step while dropping a column, until it holds N - 1 levels of W
-columns (the published warm-up). From then on, every step adds one n-gram per column to the pool
-(cell tokens down the column plus the top level's prediction) and slides the levels down by one.
+Window. It starts as one level of W + N - 2 columns: the root and W + N - 3 tokens drawn at random
+from the prompt (seeded). Warm-up (N - 2 steps): the top level's predictions (argmax of its rows'
+logits) minus the first become a new level, and every level drops its first column, so the window
+grows a level and loses a column per step until it holds N - 1 levels of W columns. Then, every
+step: for each column c, the n-gram (level 0..N-2 of column c, then the top cell's prediction) goes
+into the pool keyed by its level-0 token (the root for column 0); level 0 is dropped, each level
+moves down one, the top level's predictions become the new top level, and the new root replaces
+cell (0, 0). Every cell thus keeps offset l + c as the root advances by one.
 
-The pool maps a first token to at most G (N-1)-grams, least recently inserted first (LRU). It is
-reset before every question unless `keep_pool`; with `prompt_ngrams` it is seeded from the prompt's
-n-grams and fed every n-gram of the output as it is produced (the original's POOL_FROM_PROMPT).
+Several tokens accepted in one step: the window still moves one level, as the original's greedy
+path does (it asserts ALWAYS_FWD_ONE); the window is a guess generator, so its cells' positions only
+need to be consistent within the forward pass, which they are. The alternative the original offers
+only to its sampling path (ALWAYS_FWD_ONE=0: drop as many extra columns as tokens accepted so each
+cell keeps its absolute target position, refill the right edge with random prompt tokens) was
+measured here and is worse: MAT 1.535 against 1.661 for one-level moves (SmolLM2-135M-Instruct,
+greedy, the first question of each of the 6 Spec-Bench subtasks, 128 new tokens, 666 tokens in all);
+the refilled columns feed the pool junk n-grams for N - 2 steps.
 
-Candidates sharing a prefix are merged into a trie (`merge_candidates`, default): the deepest
-accepted path of the trie is exactly the longest matching row of the original's flat verification,
-with fewer rows. With flat rows the engine follows the first sibling whose token matches (as every
-tree verifier here does), so a later row with the same first token but a longer match is lost.
+Pool: a first token maps to at most G (N-1)-grams, least recently inserted first; inserting one that
+is already there makes it the newest, and the oldest is evicted beyond G (the original's LRU).
+Reset before every question unless `keep_pool` (Spec-Bench builds a fresh pool on every generate
+call, i.e. per turn; here the pool lives across the turns of a question). With `prompt_ngrams` the
+pool is seeded with the prompt's N-grams and fed each N-gram of the output as it is decided (the
+original's POOL_FROM_PROMPT).
+
+Verification branch (`merge_candidates`). Merged (default): the pool's n-grams for the root form a
+trie, so shared prefixes are verified once; the deepest accepted path of the trie is exactly the
+longest matching row of the original's flat verification, with fewer rows. Flat: one chain per
+n-gram, the original's layout; the engine's verifier follows the first sibling whose token matches,
+so a later row with the same first tokens but a longer match is lost: in any one step flat rows
+accept no more than the trie. Over a run the window and pool then evolve differently, so a single
+question can go either way. Measured on the 6 questions above (greedy, 128 new tokens, 666 tokens):
+merged MAT 1.661 with 36.0 rows per step, flat MAT 1.632 with 37.4 rows per step.
+
+Stand-in candidate. The engine skips a draft whose tree has no node, which would stall the window
+on every step where the pool has nothing for the root. Such a step therefore verifies one stand-in
+node, the window's own guess for the next position (cell (1, 0), Jacobi decoding's guess). The
+original verifies nothing there; the stand-in is sometimes accepted (counted in
+`stats["stand_in_accepted"]`), so MAT here is slightly above what the original would get.
+
+Lossless: window cells are extra rows (never candidates, never seen by tree rows; the engine
+verifies tree rows only and drops the extra rows from the KV cache), and every candidate is checked
+by the engine's verifier, greedy or position-keyed sampling alike. The window's predictions are
+argmax guesses at any temperature, as in the original.
+
+Other departures from the original: the verification branch is used during warm-up too (the pool
+may already hold n-grams with `keep_pool` or `prompt_ngrams`); N = 2 (a one-level window: plain
+Jacobi guesses feeding 1-grams) works.
 """
 
 from __future__ import annotations
@@ -43,8 +78,8 @@ def window_layout(levels: int, cols: int) -> tuple[tuple[tuple[int, int], ...], 
     """The window's extra rows for `levels` x `cols` cells, cell (0, 0) being the root.
 
     Returns (cells in row order, position offsets, visibility), where visibility is a bool matrix
-    (n_extra, 1 + n_extra) over [root] + extra rows. Rows: level 0 columns 1.., then each higher
-    level's columns 0.., level by level.
+    (n_extra, 1 + n_extra) over [root] + extra rows. Row order: level 0 columns 1.., then each
+    higher level's columns 0.., level by level.
     """
     if levels < 1 or cols < 1:
         raise ValueError(f"a lookahead window needs at least one level and one column, got {levels} x {cols}")
@@ -60,6 +95,24 @@ def window_layout(levels: int, cols: int) -> tuple[tuple[tuple[int, int], ...], 
             vis[i, index[(l2, c)]] = True
     depths = torch.tensor([c + l for l, c in cells], dtype=torch.long)
     return tuple(cells), depths, vis
+
+
+def top_level_rows(levels: int, cols: int, n_tree: int) -> list[int]:
+    """Forward rows of the top level's cells, column by column, for a draft of n_tree tree nodes.
+
+    The forward's rows are the root, the tree nodes, then the extra rows in `window_layout` order.
+    """
+    top = levels - 1
+    if top == 0:
+        return [0] + [n_tree + c for c in range(1, cols)]
+    start = n_tree + cols + (top - 1) * cols  # after the root, the tree, level 0 and levels 1..top-1
+    return list(range(start, start + cols))
+
+
+@lru_cache(maxsize=1024)
+def tree_of(parents: tuple[int, ...]) -> DraftTree:
+    """One DraftTree per shape, so its masks (and the engine's per-tree tensors) are built once."""
+    return DraftTree(parents)
 
 
 def candidate_tree(guesses: list[tuple[int, ...]], merge: bool) -> tuple[list[int], list[int]]:
@@ -138,8 +191,9 @@ class Lookahead(Drafter):
         self.pool = NgramPool(G)
         self.levels: list[list[int]] | None = None  # levels[l][c]; levels[0][0] = the root
         self._fed = 0  # tokens of the sequence already fed to the pool (prompt_ngrams)
-        self._last: tuple[int, int, int] | None = None  # (levels, cols, tree nodes) of the last draft
-        self.stats = {"steps": 0, "candidate_rows": 0, "placeholder_steps": 0, "window_rows": 0}
+        self._pending: tuple[int, int, int, bool] | None = None  # (levels, cols, tree nodes, stand-in)
+        self.stats = {"steps": 0, "candidate_rows": 0, "window_rows": 0, "stand_in_steps": 0,
+                      "stand_in_accepted": 0}
 
     # -- state ---------------------------------------------------------------------------------
     def start_question(self) -> None:
@@ -150,16 +204,19 @@ class Lookahead(Drafter):
     def _start_turn(self, state: DecodeState) -> None:
         prompt = state.tokens[: state.prompt_len].tolist() or state.tokens.tolist()
         rng = random.Random(self.seed)
-        cols = self.W + self.N - 2  # root + W + N - 3 tokens, as the original's warm-up starts
+        cols = self.W + self.N - 2  # root + W + N - 3 prompt tokens, as the original's warm-up starts
         self.levels = [[0] + [rng.choice(prompt) for _ in range(cols - 1)]]
         self._fed = 0
+        self._pending = None
 
-    def _feed_sequence(self, seq: list[int]) -> None:
+    def _feed_sequence(self, tokens: torch.Tensor) -> None:
         """Every N-gram of the sequence not fed yet goes into the pool (key = its first token)."""
         n = self.N
-        for s in range(max(0, self._fed - n + 1), len(seq) - n + 1):
+        start = max(0, self._fed - n + 1)
+        seq = tokens[start:].tolist()
+        for s in range(len(seq) - n + 1):
             self.pool.add(seq[s], tuple(seq[s + 1 : s + n]))
-        self._fed = len(seq)
+        self._fed = tokens.numel()
 
     # -- drafting ------------------------------------------------------------------------------
     def propose(self, state: DecodeState) -> Draft:
@@ -167,25 +224,24 @@ class Lookahead(Drafter):
             self._start_turn(state)
         root = int(state.tokens[-1])
         if self.prompt_ngrams:
-            self._feed_sequence(state.tokens.tolist())
+            self._feed_sequence(state.tokens)
         self.levels[0][0] = root
         levels, cols = len(self.levels), len(self.levels[0])
 
         tokens, parents = candidate_tree(self.pool.get(root), self.merge_candidates)
-        if not tokens:
-            # The engine runs a draft only when its tree has a node, so with no candidate the window
-            # needs a stand-in: the window's own guess for the next position (any token is lossless).
+        stand_in = not tokens
+        if stand_in:  # see the module docstring: the window's guess for the next position
             tokens, parents = [self.levels[1][0] if levels > 1 else self.levels[0][1 % cols]], [0]
-            self.stats["placeholder_steps"] += 1
-        tree = DraftTree(parents)
+            self.stats["stand_in_steps"] += 1
+        tree = tree_of(tuple(parents))
 
         cells, depths, vis = window_layout(levels, cols)
         n_extra = len(cells)
         extra_vis = torch.zeros(n_extra, tree.size + n_extra, dtype=torch.bool)
-        extra_vis[:, 0] = vis[:, 0]
+        extra_vis[:, 0] = vis[:, 0]  # the root; never a tree node
         extra_vis[:, tree.size :] = vis[:, 1:]
         extra_tokens = torch.tensor([self.levels[l][c] for l, c in cells], dtype=torch.long)
-        self._last = (levels, cols, len(tree))
+        self._pending = (levels, cols, len(tree), stand_in)
         self.stats["steps"] += 1
         self.stats["candidate_rows"] += len(tree)
         self.stats["window_rows"] += n_extra
@@ -193,25 +249,19 @@ class Lookahead(Drafter):
                      extra_depths=depths, extra_visibility=extra_vis)
 
     def observe(self, outcome: StepOutcome) -> None:
-        if outcome.draft is None or self._last is None or self.levels is None:
+        if outcome.draft is None or self._pending is None or self.levels is None:
             return
-        levels, cols, n_tree = self._last
-        self._last = None
-        top = levels - 1
-        # Rows of the top level's cells in the forward: root = 0, extras after the tree's nodes.
-        first_extra = 1 + n_tree
-        if top == 0:
-            rows = [0] + [first_extra + c - 1 for c in range(1, cols)]
-        else:
-            start = first_extra + (cols - 1) + (top - 1) * cols
-            rows = list(range(start, start + cols))
-        preds = outcome.logits[rows].argmax(dim=-1).tolist()
+        levels, cols, n_tree, stand_in = self._pending
+        self._pending = None
+        if stand_in and outcome.accepted:
+            self.stats["stand_in_accepted"] += 1
+        preds = outcome.logits[top_level_rows(levels, cols, n_tree)].argmax(dim=-1).tolist()
 
-        if levels < self.N - 1:  # warm-up: a new level from the top level's predictions
+        if levels < self.N - 1:  # warm-up: one level more, one column less
             self.levels = [lv[1:] for lv in self.levels] + [preds[1:]]
-        else:  # full window: one n-gram per column, then slide the levels down
+        else:  # full window: one n-gram per column, then every level moves down one
             for c in range(cols):
                 gram = tuple(self.levels[l][c] for l in range(1, levels)) + (preds[c],)
                 self.pool.add(self.levels[0][c], gram)
             self.levels = self.levels[1:] + [preds]
-        # levels[0][0] becomes the next root in propose()
+        # levels[0][0] (a stale guess now) becomes the next root in propose()
