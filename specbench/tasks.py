@@ -107,6 +107,15 @@ def load_task(cfg) -> list[Question]:
         questions = load_jsonl_questions(cfg["path"])
     else:
         raise ValueError(f"unknown task kind '{kind}'. Valid kinds: mini, spec_bench, jsonl")
+    wanted = cfg.get("subtasks")
+    if wanted:
+        wanted = [wanted] if isinstance(wanted, str) else list(wanted)
+        present = sorted({q.subtask for q in questions})
+        unknown = [s for s in wanted if s not in present]
+        if unknown:
+            raise ValueError(f"task.subtasks names {', '.join(unknown)}, which task '{cfg['name']}' does not "
+                             f"have. Valid subtasks: {', '.join(present)}")
+        questions = [q for q in questions if q.subtask in wanted]
     questions = select_per_subtask(questions, cfg.get("per_subtask"))
     if cfg.get("limit"):
         questions = questions[: cfg["limit"]]

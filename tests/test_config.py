@@ -81,3 +81,11 @@ def test_spec_bench_per_subtask_selection(spec_bench_path):
     qs = load_task({"name": "spec_bench", "kind": "spec_bench", "path": str(spec_bench_path), "per_subtask": 2})
     assert [q.subtask for q in qs] == [s for s in SUBTASKS for _ in range(2)]
     assert all(len(q.turns) == 2 for q in qs if q.subtask == "mt")
+
+
+def test_subtask_filter_and_its_error(spec_bench_path):
+    task = {"name": "spec_bench", "kind": "spec_bench", "path": str(spec_bench_path), "per_subtask": 1,
+            "subtasks": ["rag", "summarization"]}
+    assert [q.subtask for q in load_task(task)] == ["summarization", "rag"]
+    with pytest.raises(ValueError, match="Valid subtasks: .*math_reasoning"):
+        load_task(dict(task, subtasks=["poetry"]))
