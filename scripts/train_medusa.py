@@ -430,6 +430,7 @@ def train_heads(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, args, devi
     gen = torch.Generator().manual_seed(args.seed)
     amp = device.type == "cuda" or args.amp == "bf16"
     history, step, t0 = [], 0, time.time()
+    window: list[tuple[float, list[float]]] = []  # losses since the last log line
     while step < total:
         perm = torch.randperm(len(x), generator=gen)
         for i in range(0, len(x), args.train_batch_size):
@@ -445,9 +446,14 @@ def train_heads(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, args, devi
             opt.step()
             sched.step()
             step += 1
+            window.append((loss.item(), per_head))
             if step == 1 or step % args.log_every == 0 or step == total:
-                rec = {"step": step, "loss": round(float(loss), 4), "ce_per_head": [round(v, 4) for v in per_head],
+                # mean over the steps since the last line: one minibatch alone is noisy
+                rec = {"step": step, "loss": round(sum(w[0] for w in window) / len(window), 4),
+                       "ce_per_head": [round(sum(w[1][k] for w in window) / len(window), 4)
+                                       for k in range(heads.num_heads)],
                        "seconds": round(time.time() - t0, 1)}
+                window = []
                 history.append(rec)
                 log(f"  step {step}/{total}: loss {rec['loss']:.4f} per head {rec['ce_per_head']}")
     return history
@@ -455,21 +461,25 @@ def train_heads(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, args, devi
 
 @torch.inference_mode()
 def head_accuracy(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, device, batch: int = 256) -> dict:
+    ce = torch.zeros(heads.num_heads)
     correct1 = torch.zeros(heads.num_heads)
     correct5 = torch.zeros(heads.num_heads)
     count = torch.zeros(heads.num_heads)
     for i in range(0, len(x), batch):
         xb = x[i : i + batch].to(device=device, dtype=torch.float32)
         yb = y[i : i + batch].to(device)
-        top = heads(xb).topk(5, dim=-1).indices  # (K, B, 5)
+        logits = heads(xb)  # (K, B, V)
+        top = logits.topk(5, dim=-1).indices
         for k in range(heads.num_heads):
             valid = yb[:, k] != IGNORE
+            ce[k] += torch.nn.functional.cross_entropy(logits[k][valid], yb[valid, k], reduction="sum").item()
             hit = top[k][valid] == yb[valid, k, None]
             correct1[k] += hit[:, 0].sum().item()
             correct5[k] += hit.any(-1).sum().item()
             count[k] += valid.sum().item()
     return {"top1": [round(float(c / max(n, 1)), 4) for c, n in zip(correct1, count)],
             "top5": [round(float(c / max(n, 1)), 4) for c, n in zip(correct5, count)],
+            "ce": [round(float(c / max(n, 1)), 4) for c, n in zip(ce, count)],
             "rows": [int(n) for n in count]}
 
 
