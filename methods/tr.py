@@ -8,11 +8,15 @@ child of a node is rank r of its token's row. The matrix survives across questio
 from __future__ import annotations
 
 import json
+from collections import deque
 from pathlib import Path
 
 import torch
 
+from specbench.cost import resolve_curve
 from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
+from specbench.goodput import (AcceptanceStats, choose_nodes, counterfactual_path, prior_probabilities,
+                               subtree_parents)
 from specbench.registry import register
 from specbench.tree import DraftTree
 
@@ -32,6 +36,9 @@ def load_tree_template(tree) -> list[list[int]]:
     """`published`, a path to a JSON file ({"children": [...]} or the bare list), or the list itself."""
     if tree is None or tree == "published":
         return PUBLISHED_TREE
+    if tree == "adaptive":
+        raise ValueError("the adaptive tree is its own method: method=tr_adaptive (its template is "
+                         "method.tree, published by default)")
     if isinstance(tree, (str, Path)):
         path = Path(tree)
         if not path.is_file():
@@ -75,18 +82,120 @@ class TokenRecycling(Drafter):
         if self.cold_start:
             self.matrix.zero_()
 
-    def propose(self, state: DecodeState) -> Draft:
+    def expand(self, root: int) -> torch.Tensor:
+        """The token of every template node, root first: (tree.size,) on the drafter's device."""
         tokens = torch.empty(self.tree.size, dtype=torch.long, device=self.device)
-        tokens[0] = state.tokens[-1]
+        tokens[:1].fill_(root)  # a scalar fill, so no host-to-device copy on an accelerator
         for idx, parent, rank in self._levels:
             tokens[idx] = self.matrix[tokens[parent], rank].long()
-        return Draft(tokens=tokens[1:], tree=self.tree)
+        return tokens
+
+    def propose(self, state: DecodeState) -> Draft:
+        return Draft(tokens=self.expand(int(state.tokens[-1]))[1:], tree=self.tree)
 
     def observe(self, outcome: StepOutcome) -> None:
         draft = outcome.draft
-        rows = 1 if draft is None else draft.tree.size
-        row_tokens = torch.tensor([outcome.root], device=self.device)
+        row_tokens = torch.full((1,), outcome.root, dtype=torch.long, device=self.device)
         if draft is not None:
             row_tokens = torch.cat([row_tokens, draft.tokens.to(self.device)])
-        top = outcome.logits[:rows].topk(self.k, dim=-1).indices
+        top = outcome.logits[: row_tokens.numel()].topk(self.k, dim=-1).indices
         self.matrix[row_tokens] = top.to(device=self.device, dtype=torch.int32)
+
+
+@register("tr_adaptive")
+class AdaptiveTokenRecycling(TokenRecycling):
+    """Token Recycling that verifies, each step, the sub-tree of its template with the most expected
+    tokens per second on this hardware, down to a plain step (specbench/goodput.py).
+
+    Every step expands the whole template from the matrix, as static TR does; once the tokens after
+    that step's root are decided, the template node they would have reached is counted for every
+    node, drafted or not (so nothing needs exploring). From those counts (decayed, with a weak prior)
+    and the cost curve t(w), the chooser picks the best top-m nodes. With `context_buckets` the
+    counts are kept apart by whether the root was itself the matrix's rank-0 guess, so predictable
+    stretches of text get bigger trees than unpredictable ones.
+    """
+
+    def __init__(self, vocab_size: int, k: int = 8, tree="published", cold_start: bool = False,
+                 device: str | torch.device = "cpu", cost_curve=None, min_gain: float = 0.05,
+                 half_life: float = 200, prior_steps: float = 8, prior_per_depth: float = 0.5,
+                 context_buckets: bool = True, model=None, model_name: str = "",
+                 dtype_name: str | None = None, hardware_curve=None, **_):
+        super().__init__(vocab_size, k=k, tree=tree, cold_start=cold_start, device=device)
+        # method.cost_curve, else the curve the runner measured or loaded, else one for the model
+        self.curve = resolve_curve(cost_curve or hardware_curve, model, model_name, dtype_name)
+        self.step_times = self.curve.table(self.tree.size)  # t(w) for w = 1 .. template rows
+        self.min_gain = float(min_gain)
+        self.context_buckets = bool(context_buckets)
+        prior = prior_probabilities(self.tree.depths.tolist()[1:], self.tree.sibling_rank(), prior_per_depth)
+        self.stats = AcceptanceStats(prior, prior_steps, half_life, buckets=2 if context_buckets else 1)
+        self._pending: deque = deque()  # (root's index in the sequence, template tokens, bucket)
+        self._last: tuple[int, torch.Tensor] | None = None  # the previous step's (root index, tokens)
+        self._choice: dict[int, tuple[int, tuple[int, ...]]] = {}  # bucket -> (stats version, nodes)
+        self._subtrees: dict[tuple[int, ...], tuple[DraftTree, torch.Tensor]] = {}
+        self.drafted_steps = 0
+        self.plain_steps = 0
+
+    def _bucket(self, seq: torch.Tensor) -> int:
+        """1 when the root (the last decided token) was its predecessor's rank-0 candidate in the
+        previous step's template, else 0: predictable stretches of text (copies, lists, code) go on
+        being predictable. Known whatever the previous step drafted, so no bucket starves."""
+        if not self.context_buckets or self._last is None:
+            return 0
+        root_at, host = self._last
+        tokens = host.tolist()
+        node, hit = 0, False
+        for tok in seq[root_at + 1 :].tolist():  # the previous step's emitted tokens, root last
+            kids = self.tree.children[node]
+            if not kids:  # past the template's depth: a fully predicted chain led here
+                return 1
+            child = next((c for c in kids if tokens[c] == tok), None)
+            if child is None:
+                return 0
+            hit, node = child == kids[0], child
+        return int(hit)
+
+    def _learn(self, seq: torch.Tensor) -> None:
+        """Count the steps whose continuation is now decided as deep as the template reaches."""
+        depth = self.tree.max_depth
+        while self._pending and self._pending[0][0] + depth < seq.numel():
+            root_at, tokens, bucket = self._pending.popleft()
+            cont = seq[root_at + 1 : root_at + 1 + depth].tolist()
+            self.stats.add(counterfactual_path(self.tree.children, tokens.tolist(), cont), bucket)
+
+    def _nodes(self, bucket: int) -> tuple[int, ...]:
+        version = self.stats.version[bucket]
+        cached = self._choice.get(bucket)
+        if cached is None or cached[0] != version:
+            nodes = choose_nodes(self.stats.probabilities(bucket), self.tree.parents, self.step_times,
+                                 self.min_gain)
+            cached = self._choice[bucket] = (version, nodes)
+        return cached[1]
+
+    def _subtree(self, nodes: tuple[int, ...]) -> tuple[DraftTree, torch.Tensor]:
+        hit = self._subtrees.get(nodes)
+        if hit is None:
+            if len(self._subtrees) > 256:
+                self._subtrees.clear()
+            hit = self._subtrees[nodes] = (DraftTree(subtree_parents(nodes, self.tree.parents)),
+                                           torch.tensor(nodes, dtype=torch.long, device=self.device))
+        return hit
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        seq = state.tokens
+        if state.step == 0:  # a new turn: earlier steps' continuations are cut off, drop them
+            self._pending.clear()
+            self._last = None
+        self._learn(seq)
+        bucket = self._bucket(seq)
+        tokens = self.expand(int(seq[-1]))
+        # The host copy is read steps later, after the engine has synchronised, so it can be async.
+        host = tokens.to("cpu", non_blocking=True)
+        self._pending.append((seq.numel() - 1, host, bucket))
+        self._last = (seq.numel() - 1, host)
+        nodes = self._nodes(bucket)
+        if not nodes:
+            self.plain_steps += 1
+            return None
+        self.drafted_steps += 1
+        tree, index = self._subtree(nodes)
+        return Draft(tokens=tokens[index], tree=tree)

@@ -6,14 +6,18 @@
 spreads evenly, and keeps the median per width. The attention mask is dense, so a chain and a
 tree of the same row count cost the same.
 
-A curve is cached per (model, device name, dtype) as JSON under $SPECBENCH_CACHE/cost/
-(default ~/.cache/specbench/cost/); `scripts/profile_cost.py` writes the full one (w = 1..W),
-and the runner measures a quick one (`QUICK_WIDTHS`, 3 repeats) when none is cached.
+`scripts/profile_cost.py` measures the full curve (w = 1..W) and caches it per (model, device
+name, dtype) as JSON under $SPECBENCH_CACHE/cost/ (default ~/.cache/specbench/cost/). `curve_for`
+returns that cached curve, or else measures a quick one (`QUICK_WIDTHS`, seconds) that lives only
+in this process: a quick curve taken on a busy machine must not decide a later run's trees, so only
+the profiler writes the cache. Runs write the curve they used into their results directory.
 
-Speedup bound of a run: MAT x t(1) / t(mean rows per step), the speedup the run would have
-reached with zero harness overhead (drafting, verification, KV compaction). `bound_per_step`
-uses every step's own row count: sum(accepted) x t(1) / sum(t(rows)); for a method that varies
-its tree (adaptive TR) that is the tighter figure, since t is not linear.
+Speedup bound of a run: the speedup it would reach with zero harness overhead (drafting,
+verification, KV compaction, Python), each step costing exactly its forward:
+sum(accepted lengths) x t(1) / sum(t(rows of each step)). For a fixed tree this is
+MAT x t(1) / t(rows); for methods whose width varies (PLD, REST, adaptive TR) t is not linear, so
+the per-step sum is the exact figure and MAT x t(1) / t(mean rows) is kept beside it as
+`bound_mean_rows`. The bound excludes prefill, so it is to be read against the decode-only speedup.
 """
 
 from __future__ import annotations
@@ -152,7 +156,7 @@ def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repea
     prefix = torch.randint(0, vocab, (context_len,), generator=g)
     cache = DynamicCache()
     model(input_ids=prefix[None].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
-    drafts = {w: None if w == 1 else Draft(tokens=torch.randint(0, vocab, (w - 1,), generator=g),
+    drafts = {w: None if w == 1 else Draft(tokens=torch.randint(0, vocab, (w - 1,), generator=g).to(dev),
                                            tree=DraftTree.chain(w - 1)) for w in widths}
     samples: dict[int, list[float]] = {w: [] for w in widths}
     for rep in range(warmup + repeats):
@@ -175,24 +179,50 @@ def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repea
     )
 
 
+# Quick curves measured in this process, by (model, device, dtype): the runner (for the bound) and
+# adaptive TR (for its trees) then use one and the same curve.
+_QUICK_CURVES: dict[tuple[str, str, str], CostCurve] = {}
+
+
 def curve_for(model, model_name: str, dtype_name: str, measure: bool = True,
               context_len: int = 400) -> CostCurve | None:
-    """The cached curve for this (model, device, dtype); else a quick one measured now and cached
-    (about 13 widths x 3 repeats: seconds on a CPU), or None when `measure` is false."""
+    """The profiled curve cached for this (model, device, dtype); else a quick one measured now
+    (13 widths x 3 repeats: seconds on a CPU) and kept for this process only; or None when
+    `measure` is false and nothing is at hand."""
     dev_name = device_name(model.device)
     cached = load_cached(model_name, dev_name, dtype_name)
-    if cached is not None or not measure:
+    if cached is not None:
         return cached
-    curve = measure_cost_curve(model, QUICK_WIDTHS, context_len=context_len, repeats=3, warmup=1,
-                               model_name=model_name, dtype_name=dtype_name, quick=True)
-    curve.save(cache_path(model_name, dev_name, dtype_name))
-    return curve
+    key = (model_name, dev_name, dtype_name)
+    if key not in _QUICK_CURVES and measure:
+        _QUICK_CURVES[key] = measure_cost_curve(model, QUICK_WIDTHS, context_len=context_len, repeats=3,
+                                                warmup=1, model_name=model_name, dtype_name=dtype_name,
+                                                quick=True)
+    return _QUICK_CURVES.get(key)
+
+
+def resolve_curve(spec=None, model=None, model_name: str = "", dtype_name: str | None = None) -> CostCurve:
+    """A curve from a setting: a CostCurve, its JSON dict, a path to its JSON file, or None/'auto'
+    for `curve_for(model, ...)`."""
+    if isinstance(spec, CostCurve):
+        return spec
+    if isinstance(spec, dict):
+        return CostCurve.from_json(spec)
+    if spec not in (None, "auto"):
+        path = Path(spec)
+        if not path.is_file():
+            raise FileNotFoundError(f"cost curve file '{spec}' not found; write one with "
+                                    f"scripts/profile_cost.py --out {spec}, or leave the setting at auto")
+        return CostCurve.load(path)
+    if model is None:
+        raise ValueError("a cost curve is needed: give a curve file, or the model to measure one on")
+    return curve_for(model, model_name, dtype_name or str(model.dtype).replace("torch.", ""))
 
 
 def run_bound(curve: CostCurve | None, records: list[dict]) -> dict | None:
-    """Speedup bounds of a run from its answers' per-turn `step_rows` and `accept_lengths`.
+    """Speedup bound of a run from its answers' per-turn `step_rows` and `accept_lengths`.
 
-    Returns None without a curve or when no turn recorded its rows (answers from older runs)."""
+    Returns None without a curve, or when a turn lacks its rows (answers from older runs)."""
     if curve is None:
         return None
     rows, acc = [], []
@@ -208,10 +238,15 @@ def run_bound(curve: CostCurve | None, records: list[dict]) -> dict | None:
     mean_rows = sum(rows) / len(rows)
     t1 = curve.t(1)
     return {
-        "bound": curve.speedup_bound(mat, mean_rows),
-        "bound_per_step": sum(acc) * t1 / sum(curve.t(w) for w in rows),
+        "bound": sum(acc) * t1 / sum(curve.t(w) for w in rows),
+        "bound_mean_rows": curve.speedup_bound(mat, mean_rows),
         "mean_rows": mean_rows,
-        "cost_curve": {"device": curve.device, "dtype": curve.dtype, "model": curve.model,
-                       "context_len": curve.context_len, "quick": curve.quick,
-                       "t1_ms": round(t1 * 1e3, 3), "t_mean_rows_ms": round(curve.t(mean_rows) * 1e3, 3)},
+        "cost_curve": curve_label(curve) | {
+            "t1_ms": round(t1 * 1e3, 3), "t_mean_rows_ms": round(curve.t(mean_rows) * 1e3, 3)},
     }
+
+
+def curve_label(curve: CostCurve) -> dict:
+    """What a summary says about the curve behind its bound."""
+    return {"device": curve.device, "dtype": curve.dtype, "model": curve.model,
+            "context_len": curve.context_len, "quick": curve.quick, "created": curve.created}

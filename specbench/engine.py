@@ -6,6 +6,7 @@ plain step) and gets a `StepOutcome` back.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,11 +16,7 @@ from transformers import DynamicCache
 from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
 from specbench.kv_cache import compact_kv_cache
 from specbench.timing import now
-from specbench.tree import DraftTree, tree_attention_mask
-from specbench.verify import accept_path
-
-_NO_DRAFT = DraftTree(())
-
+from specbench.tree import DraftTree
 
 @dataclass
 class TurnResult:
@@ -36,12 +33,50 @@ class TurnResult:
         return len(self.tokens)
 
 
-def greedy_targets(logits: torch.Tensor, positions: torch.Tensor) -> list[int]:
+def greedy_targets(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The target's choice at every row: the argmax (positions are unused in greedy decoding)."""
-    return logits.argmax(dim=-1).tolist()
+    return logits.argmax(dim=-1)
+
+
+class TreeTensors:
+    """A draft tree's index tensors on the model's device, made once per tree (drafters reuse trees)."""
+
+    def __init__(self, tree: DraftTree, device: torch.device, dtype: torch.dtype):
+        n = len(tree)
+        self.depths = tree.depths.to(device)
+        self.ancestors = tree.ancestor_mask.to(device)
+        # additive mask block over the tree rows: 0 where a row sees a column, dtype-min elsewhere
+        self.bias = torch.zeros(tree.size, tree.size, dtype=dtype).masked_fill_(
+            ~tree.ancestor_mask, torch.finfo(dtype).min).to(device)
+        parents = torch.tensor(tree.parents, dtype=torch.long).reshape(n)
+        self.parents = parents.to(device)
+        # earlier_sibling[i, j]: node j+1 is an earlier child of node i+1's parent (the verifier
+        # follows the first matching sibling)
+        earlier = (parents[:, None] == parents[None, :]) & torch.ones(n, n, dtype=torch.bool).tril(-1)
+        self.earlier_sibling = earlier.to(device)
+        # at_depth[d, i]: node i sits at depth d; picks the accepted node of each depth
+        self.at_depth = (tree.depths[None, :] == torch.arange(tree.max_depth + 1)[:, None]).to(device)
+        self.node_ids = torch.arange(tree.size, device=device)
+
+
+def accepted_path(tt: TreeTensors, draft_tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`accept_path` on the device: the accepted node at each depth (0 past the path's end).
+
+    A node is accepted when its token is its parent's target, no earlier sibling's is, and the same
+    holds for all its ancestors. Returns a (max_depth + 1,) tensor whose entry 0 is the root; the
+    accepted length is the number of non-zero entries after it."""
+    match = draft_tokens == targets[tt.parents]
+    first = match & ~(tt.earlier_sibling & match[None, :]).any(dim=1)
+    ok = torch.cat([first.new_ones(1), first])  # the root is always on the path
+    on_path = ~(tt.ancestors & ~ok[None, :]).any(dim=1)
+    return (tt.at_depth & on_path[None, :]).long().mul(tt.node_ids).amax(dim=1)
 
 
 class Engine:
+    """Per step on an accelerator, the host sends the root token (as a kernel argument) and the
+    drafter's tokens stay where the drafter made them; tree masks, position offsets and the
+    verification run on the device, and one small copy brings back the accepted path and its tokens."""
+
     def __init__(self, model, eos_token_ids: list[int], profile: bool = False):
         self.model = model.eval()
         self.device = model.device
@@ -54,48 +89,80 @@ class Engine:
         self.sliding_window = window if window and "sliding_attention" in layer_types else None
         self.mask_dtype = model.dtype
         self.forward_time = 0.0
+        self._trees: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def _mask(self, visibility, depths, cache_len):
-        full = tree_attention_mask(visibility, depths, cache_len, self.mask_dtype, self.device)
+    def tree_tensors(self, tree: DraftTree) -> TreeTensors:
+        tt = self._trees.get(tree)
+        if tt is None:
+            tt = self._trees[tree] = TreeTensors(tree, self.device, self.mask_dtype)
+        return tt
+
+    def _mask(self, bias: torch.Tensor, depths: torch.Tensor, cache_len: int):
+        """The 4-D additive mask (1, 1, rows, cache_len + rows) built on the device: every row sees
+        the cached prefix, and `bias` (rows x rows) says which new rows it sees. Same values as
+        `tree_attention_mask`."""
+        rows = bias.shape[0]
+        full = torch.zeros(1, 1, rows, cache_len + rows, dtype=self.mask_dtype, device=self.device)
+        full[0, 0, :, cache_len:] = bias
         if self.sliding_window is None:
             return full
-        sliding = tree_attention_mask(
-            visibility, depths, cache_len, self.mask_dtype, self.device, self.sliding_window
-        )
+        sliding = full.clone()
+        if cache_len > 0:  # a row at position p loses prefix positions j <= p - window
+            cols = torch.arange(cache_len, device=self.device)
+            gone = cols[None, :] <= (cache_len + depths)[:, None] - self.sliding_window
+            sliding[0, 0, :, :cache_len].masked_fill_(gone, torch.finfo(self.mask_dtype).min)
         return {"full_attention": full, "sliding_attention": sliding}
 
     @torch.inference_mode()
     def forward_rows(self, cache, cache_len: int, draft: Draft | None, root: int, hidden: bool = False):
         """One verification forward over root + draft rows (+ extra rows). Returns logits, hidden."""
+        dev = self.device
+        root_row = torch.full((1,), root, dtype=torch.long, device=dev)  # a fill, not a copy
         mask = None
         if draft is None:
-            ids = torch.tensor([[root]], device=self.device)
-            pos = torch.tensor([[cache_len]], device=self.device)
+            ids, pos = root_row, torch.full((1,), cache_len, dtype=torch.long, device=dev)
         else:
-            tree = draft.tree
-            tokens = [torch.tensor([root]), draft.tokens.cpu()]
-            depths = tree.depths
-            vis = tree.ancestor_mask
-            if draft.n_extra:
-                n, e = tree.size, draft.n_extra
-                tokens.append(draft.extra_tokens.cpu())
-                depths = torch.cat([depths, draft.extra_depths.cpu()])
-                full = torch.zeros(n + e, n + e, dtype=torch.bool)
-                full[:n, :n] = vis
-                full[n:] = draft.extra_visibility.cpu()
-                vis = full
-            ids = torch.cat(tokens)[None].to(self.device)
-            pos = (cache_len + depths)[None].to(self.device)
-            mask = self._mask(vis, depths, cache_len)
-        t0 = now(self.device) if self.profile else 0.0
+            tt = self.tree_tensors(draft.tree)
+            ids = torch.cat([root_row, draft.tokens.to(dev)])
+            depths, bias = tt.depths, tt.bias
+            if draft.n_extra:  # extra rows see what the drafter says; tree rows never see them
+                n, e = draft.tree.size, draft.n_extra
+                ids = torch.cat([ids, draft.extra_tokens.to(dev)])
+                depths = torch.cat([depths, draft.extra_depths.to(dev)])
+                vis = torch.zeros(n + e, n + e, dtype=torch.bool, device=dev)
+                vis[:n, :n] = tt.ancestors
+                vis[n:] = draft.extra_visibility.to(dev)
+                bias = torch.zeros(n + e, n + e, dtype=self.mask_dtype, device=dev).masked_fill_(
+                    ~vis, torch.finfo(self.mask_dtype).min)
+            pos = cache_len + depths
+            mask = self._mask(bias, depths, cache_len)
+        t0 = now(dev) if self.profile else 0.0
         out = self.model(
-            input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
+            input_ids=ids[None], position_ids=pos[None], past_key_values=cache, use_cache=True,
             attention_mask=mask, output_hidden_states=hidden,
         )
         hs = out.hidden_states[-1][0] if hidden else None
         if self.profile:
-            self.forward_time += now(self.device) - t0
+            self.forward_time += now(dev) - t0
         return out.logits[0], hs
+
+    def _verify(self, logits: torch.Tensor, draft: Draft | None, cache_len: int,
+                select: Callable) -> tuple[list[int], list[int]]:
+        """(accepted nodes in path order, emitted tokens = their tokens + the bonus). The only
+        device-to-host copy of a step: the path and its tokens, one small tensor."""
+        if draft is None:
+            targets = torch.as_tensor(select(logits[:1], torch.full((1,), cache_len, device=self.device)))
+            return [], [int(targets[0])]
+        tt = self.tree_tensors(draft.tree)
+        size = draft.tree.size
+        targets = torch.as_tensor(select(logits[:size], cache_len + tt.depths), device=self.device)
+        path = accepted_path(tt, draft.tokens.to(self.device), targets)
+        # an accepted node's token is its parent's target, so the emitted tokens are the targets
+        # along [root] + path
+        host = torch.cat([path, targets[path]]).tolist()
+        depth = len(path)
+        accepted = [a for a in host[1:depth] if a]
+        return accepted, host[depth : depth + len(accepted) + 1]
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int,
@@ -117,7 +184,7 @@ class Engine:
             input_ids=buf[:cur][None].to(dev), past_key_values=cache, use_cache=True,
             logits_to_keep=1, output_hidden_states=want_hidden,
         )
-        first = select(out.logits[0, -1:], torch.tensor([cur - 1]))[0]
+        first = int(torch.as_tensor(select(out.logits[0, -1:], torch.full((1,), cur - 1, device=dev)))[0])
         t_prefill = now(dev) - t0
         if want_hidden:
             drafter.observe_prefill(out.hidden_states[-1][0, -1:])
@@ -135,14 +202,10 @@ class Engine:
             if draft is not None and len(draft.tree) == 0:
                 draft = None
             logits, hidden = self.forward_rows(cache, cache_len, draft, root, want_hidden)
-            tree = _NO_DRAFT if draft is None else draft.tree
-            positions = cache_len + tree.depths
-            targets = select(logits[: tree.size], positions)
-            draft_list = [] if draft is None else draft.tokens.tolist()
-            accepted, bonus = accept_path(tree, draft_list, targets)
+            accepted, emitted = self._verify(logits, draft, cache_len, select)
+            bonus = emitted[-1]
             if draft is not None:
                 compact_kv_cache(cache, cache_len, [0] + accepted)
-            emitted = [draft_list[a - 1] for a in accepted] + [bonus]
             for i, tok in enumerate(emitted):  # stop at EOS or the budget, whichever comes first
                 if tok in self.eos or len(new) + i + 1 >= max_new_tokens:
                     emitted = emitted[: i + 1]
@@ -151,7 +214,7 @@ class Engine:
             cur += len(emitted)
             new.extend(emitted)
             accept_lengths.append(len(emitted))
-            rows_per_step.append(tree.size + (draft.n_extra if draft is not None else 0))
+            rows_per_step.append(1 if draft is None else draft.tree.size + draft.n_extra)
             drafter.observe(
                 StepOutcome(draft=draft, root=root, logits=logits, accepted=accepted, bonus=bonus,
                             hidden_states=hidden, emitted=emitted)

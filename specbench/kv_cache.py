@@ -5,15 +5,17 @@ from __future__ import annotations
 import torch
 
 
+@torch.inference_mode()  # the cache's tensors come from inference-mode forwards; written in place
 def compact_kv_cache(cache, cache_len: int, keep: list[int]) -> None:
     """Shrink every layer to the prefix plus the new rows `keep` (offsets from cache_len), in order.
 
-    When the kept rows are already the first ones (a chain, or nothing accepted) this is a crop.
+    When the kept rows are already the first ones (a chain, or nothing accepted) this is a crop;
+    otherwise the kept rows are gathered into place first. `keep` must be ascending (a tree path).
     """
     m = len(keep)
     contiguous = keep == list(range(m))
-    if not contiguous:
-        src = torch.tensor(keep, dtype=torch.long)
+    src = None if contiguous else torch.tensor(keep, dtype=torch.long)
+    index_on: dict = {}  # one host-to-device copy of the index per device, not one per layer
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
             continue
@@ -21,8 +23,14 @@ def compact_kv_cache(cache, cache_len: int, keep: list[int]) -> None:
             layer.keys = layer.keys[..., : cache_len + m, :]
             layer.values = layer.values[..., : cache_len + m, :]
         else:
-            idx = (src + cache_len).to(layer.keys.device)
-            layer.keys = torch.cat([layer.keys[..., :cache_len, :], layer.keys.index_select(-2, idx)], dim=-2)
-            layer.values = torch.cat(
-                [layer.values[..., :cache_len, :], layer.values.index_select(-2, idx)], dim=-2
-            )
+            dev = layer.keys.device
+            if dev not in index_on:
+                index_on[dev] = (src + cache_len).to(dev)
+            idx = index_on[dev]
+            # Move the kept rows down in place (keep is ascending, so each row moves to a slot at or
+            # before its own) and crop: the prefix is not copied. The layer owns its tensors (every
+            # cache update concatenates into a new one), so writing into them is safe.
+            layer.keys[..., cache_len : cache_len + m, :] = layer.keys.index_select(-2, idx)
+            layer.values[..., cache_len : cache_len + m, :] = layer.values.index_select(-2, idx)
+            layer.keys = layer.keys[..., : cache_len + m, :]
+            layer.values = layer.values[..., : cache_len + m, :]

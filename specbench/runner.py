@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from specbench import lossless, metrics
+from specbench import cost, lossless, metrics
 from specbench.chat import prompt_ids
 from specbench.engine import Engine
 from specbench.models import eos_token_ids, load_model, resolve_device, resolve_dtype
@@ -100,7 +100,7 @@ def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str,
         turns.append({
             "prompt_ids": ids, "output": answer, "token_ids": r.tokens, "new_tokens": r.new_tokens,
             "wall_time": r.wall_time, "prefill_time": r.prefill_time, "decoding_steps": r.decoding_steps,
-            "accept_lengths": r.accept_lengths,
+            "accept_lengths": r.accept_lengths, "step_rows": r.step_rows,
         })
     return {"question_id": q.question_id, "category": q.category, "subtask": q.subtask,
             "method": drafter.name, "turns": turns}
@@ -125,8 +125,10 @@ def _check_identity(path: Path, ident: dict) -> None:
             )
 
 
-def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dict]) -> dict:
+def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dict],
+              curve: cost.CostCurve | None = None) -> dict:
     ids = {r["question_id"] for r in records}
+    bound = cost.run_bound(curve, records)
     base = [b for b in base if b["question_id"] in ids]
     summary = {
         "method": cfg["method"]["name"], "method_params": method_params(cfg),
@@ -146,6 +148,10 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "baseline_tokens_per_s": metrics.tokens_per_s(base) if base else None,
         "speedup": metrics.speedup(records, base) if base else None,
         "decode_speedup": metrics.speedup(records, base, decode_only=True) if base else None,
+        # the speedup with zero harness overhead on this hardware (specbench/cost.py); against
+        # decode_speedup, the gap is what drafting, verification and bookkeeping cost
+        "speedup_bound": bound["bound"] if bound else None,
+        "speedup_bound_detail": bound,
         "lossless": lossless.tally(checks),
         "lossless_details": [dict(c, question_id=r["question_id"]) for r, c in zip(records, checks)
                              if c["status"] != "exact"],
@@ -159,21 +165,31 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
 
 def format_table(summary: dict) -> str:
     cols = [s for s in SUBTASKS if summary["speedup"] and s in summary["speedup"]]
-    head = ["method", *cols, "overall", "MAT", "tokens/s", "lossless"]
+    head = ["method", *cols, "overall", "decode", "bound", "MAT", "tokens/s", "lossless"]
     sp = summary["speedup"] or {}
+    dec = (summary.get("decode_speedup") or {}).get("overall")
+    bound = summary.get("speedup_bound")
     lo = summary["lossless"]
     row = [summary["method"], *[f"{sp[c]:.2f}x" for c in cols],
-           f"{sp['overall']:.2f}x" if sp.get("overall") else "-", f"{summary['mat']:.2f}",
+           f"{sp['overall']:.2f}x" if sp.get("overall") else "-", f"{dec:.2f}x" if dec else "-",
+           f"{bound:.2f}x" if bound else "-", f"{summary['mat']:.2f}",
            f"{summary['tokens_per_s']:.1f}",
            f"{lo['exact']}/{lo['checked']} exact, {lo['numeric_ties']} ties, {lo['mismatches']} mismatches"]
     rows = [head, row]
     if summary["baseline_tokens_per_s"]:
-        rows.insert(1, ["ar", *["1.00x"] * len(cols), "1.00x", "1.00",
+        rows.insert(1, ["ar", *["1.00x"] * len(cols), "1.00x", "1.00x", "1.00x", "1.00",
                         f"{summary['baseline_tokens_per_s']:.1f}", "reference"])
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(rows[0]), sep, *map(line, rows[1:])])
+    out = [line(rows[0]), sep, *map(line, rows[1:])]
+    detail = summary.get("speedup_bound_detail")
+    if detail:
+        c = detail["cost_curve"]
+        out.append(f"decode = speedup without prefill; bound = MAT x t(1) / t(rows), step by step, from the "
+                   f"{'quick ' if c['quick'] else ''}cost curve of {c['device']} ({c['dtype']}, t(1) = "
+                   f"{c['t1_ms']:.1f} ms, {detail['mean_rows']:.1f} rows per step); decode vs bound: harness overhead")
+    return "\n".join(out)
 
 
 def run_benchmark(cfg: dict) -> dict:
@@ -221,12 +237,15 @@ def run_benchmark(cfg: dict) -> dict:
 
     model, tok = load_model(cfg["model"], device, dtype)
     engine = Engine(model, eos_token_ids(model, tok))
+    curve = run_cost_curve(cfg, model)
+    if curve is not None:
+        curve.save(out_dir / "cost_curve.json")
     params = method_params(cfg)
     # Every drafter is offered the same facts about the target; each takes what it needs (Medusa
-    # reads the model's vocabulary projection, adaptive TR its cost curve) and ignores the rest.
+    # reads the model's vocabulary projection, adaptive TR the cost curve) and ignores the rest.
     drafter = build_drafter(method, vocab_size=model.get_output_embeddings().weight.shape[0],
                             device=device, model=model, model_name=cfg["model"]["name"],
-                            dtype_name=cfg["dtype"], **params)
+                            dtype_name=cfg["dtype"], hardware_curve=curve, **params)
     ar = build_drafter("ar")
     template = cfg["model"].get("chat_template", "auto")
     max_new = int(cfg["max_new_tokens"])
@@ -277,7 +296,7 @@ def run_benchmark(cfg: dict) -> dict:
         base = records
     checks = [r.get("lossless", {"status": "unchecked"}) for r in records]
     checks = [c for c in checks if c["status"] != "unchecked"]
-    summary = summarize(cfg, records, base, checks)
+    summary = summarize(cfg, records, base, checks, curve)
     summary["results_dir"] = str(out_dir)
     summary["repeat"] = cfg.get("repeat", 0)
     if with_baseline and cfg["baseline"] in ("reuse", "shared"):
@@ -293,6 +312,15 @@ def run_benchmark(cfg: dict) -> dict:
     from specbench.reporting import after_run
     after_run(cfg, summary, records, base, out_dir)
     return summary
+
+
+def run_cost_curve(cfg: dict, model) -> cost.CostCurve | None:
+    """The cost curve behind the run's speedup bound: `cost_curve=auto` takes the profiled one cached
+    for this model, device and dtype, else measures a quick one (seconds); `off` none; else a file."""
+    setting = cfg.get("cost_curve", "auto")
+    if setting in (None, False, "off", "none"):
+        return None
+    return cost.resolve_curve(setting, model, cfg["model"]["name"], cfg["dtype"])
 
 
 def _with_prompts(rec: dict, q: Question, tok, template: str) -> dict:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specbench.chat import prompt_ids
+from specbench.cost import CostCurve
 from specbench.engine import Engine
 from specbench.registry import available_methods, build_drafter
 from specbench.sampling import PositionSampler
@@ -58,8 +59,11 @@ def _reference(setup, subtask: str, temperature: float):
 def test_method_emits_ar_tokens(method, temperature, setup, real_model):
     model, _, eos = real_model
     engine, prompts, _ = setup
+    # Offered the cost curve of a machine on which draft rows are free, a hardware-aware method
+    # (adaptive TR) drafts every step as the others do; the rest ignore it.
     drafter = build_drafter(method, vocab_size=model.get_output_embeddings().weight.shape[0], device="cpu",
-                            model=model, model_name="smollm2-135m", dtype_name="float32")
+                            model=model, model_name="smollm2-135m", dtype_name="float32",
+                            hardware_curve=CostCurve(widths=[1, 128], times=[0.05, 0.05]))
     if not drafter.lossless:
         pytest.skip(f"{method} is configured lossy")
     subtasks, n = _budget(temperature)

@@ -1,0 +1,153 @@
+"""Goodput-aware draft trees: which sub-tree of a template to verify, given what each node is worth
+and what each forward width costs on this hardware.
+
+A node's worth is p(v), the probability that v lies on the accepted path. At most one node per
+depth is accepted, so a step that verifies the parent-closed node set S emits on average
+1 + sum_{v in S} p(v) tokens (the accepted nodes plus the bonus) and costs t(|S| + 1), the forward
+time of |S| + 1 rows (the root included). With p non-increasing down every path, the best set of m
+nodes is the m nodes of highest p (ties go to the lower index, i.e. parents first, so the set stays
+parent-closed), and the best step is argmax over m of (1 + prefix_sum_m(p)) / t(m + 1): one sort and
+one scan, m = 0 being the plain autoregressive step.
+
+The estimates come from counterfactual outcomes: once the tokens that followed a step's root are
+decided, the template node whose tokens spell the longest prefix of them is known whatever was
+drafted (the matrix rows that built the full template are kept), so every node is observed at every
+step and no node needs to be drafted to be explored.
+
+Everything here is pure (plain lists and floats) so it can be tested directly and costs tens of
+microseconds per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def monotone_down(p: Sequence[float], parents: Sequence[int]) -> list[float]:
+    """p with every node capped by its parent's value (p[i] is node i + 1; parents[i] its parent,
+    0 = root). Parents precede children, so one forward pass suffices."""
+    out = list(p)
+    for i, par in enumerate(parents):
+        if par and out[i] > out[par - 1]:
+            out[i] = out[par - 1]
+    return out
+
+
+def best_size(sorted_p: Sequence[float], step_times: Sequence[float], min_gain: float = 0.0) -> int:
+    """How many of the best nodes to draft: argmax_m (1 + sum(sorted_p[:m])) / step_times[m].
+
+    `sorted_p` is in decreasing order; `step_times[w - 1]` is the forward time of w rows, for
+    w = 1 .. len(sorted_p) + 1 at least. A draft (m > 0) is taken only when its expected tokens per
+    second beat the plain step's by the factor 1 + min_gain, a margin for the per-step work the
+    curve does not see (tree verification, KV compaction, the drafter's own update)."""
+    if len(step_times) < len(sorted_p) + 1:
+        raise ValueError(f"need forward times for 1..{len(sorted_p) + 1} rows, got {len(step_times)}")
+    plain = 1.0 / step_times[0]
+    best_m, best_rate = 0, plain * (1.0 + min_gain)
+    expected = 1.0
+    for m, pv in enumerate(sorted_p, start=1):
+        expected += pv
+        rate = expected / step_times[m]
+        if rate > best_rate:
+            best_m, best_rate = m, rate
+    return best_m
+
+
+def choose_nodes(p: Sequence[float], parents: Sequence[int], step_times: Sequence[float],
+                 min_gain: float = 0.0) -> tuple[int, ...]:
+    """The node ids (1-based, ascending) of the sub-tree with the best expected tokens per second.
+
+    Empty means a plain step. p is made monotone first, so the chosen set is parent-closed."""
+    q = monotone_down(p, parents)
+    order = sorted(range(len(q)), key=lambda i: (-q[i], i))
+    m = best_size([q[i] for i in order], step_times, min_gain)
+    return tuple(sorted(i + 1 for i in order[:m]))
+
+
+def subtree_parents(nodes: Sequence[int], parents: Sequence[int]) -> tuple[int, ...]:
+    """Parents of a parent-closed node set, renumbered 1..len(nodes) in the order given (ascending
+    ids keep parents first)."""
+    new_id = {0: 0}
+    out = []
+    for j, v in enumerate(nodes, start=1):
+        par = parents[v - 1]
+        if par not in new_id:
+            raise ValueError(f"node {v}'s parent {par} is not in the chosen set; the set must be parent-closed")
+        out.append(new_id[par])
+        new_id[v] = j
+    return tuple(out)
+
+
+def counterfactual_path(children: Sequence[Sequence[int]], node_tokens: Sequence[int],
+                        continuation: Sequence[int]) -> list[int]:
+    """The template nodes that would have been accepted had the whole template been drafted.
+
+    `node_tokens[v]` is the token at node v (0 = root), `children[v]` its children in order,
+    `continuation` the tokens decided after the root. Follows the verifier's rule: at each node
+    the first child whose token is the next decided token is accepted."""
+    path: list[int] = []
+    node = 0
+    for tok in continuation:
+        for child in children[node]:
+            if node_tokens[child] == tok:
+                path.append(child)
+                node = child
+                break
+        else:
+            break
+    return path
+
+
+def prior_probabilities(depths: Sequence[int], ranks: Sequence[int], per_depth: float = 0.5) -> list[float]:
+    """A weak prior for each draft node: per_depth ** depth / (1 + rank). Deeper nodes need every
+    ancestor accepted, and later siblings are lower-ranked recycled candidates."""
+    return [per_depth ** d / (1 + r) for d, r in zip(depths, ranks)]
+
+
+class AcceptanceStats:
+    """Exponentially decayed counts of how often each template node was on the (counterfactual)
+    accepted path, per context bucket, shrunk towards a prior worth `prior_steps` steps.
+
+    p(v) = (hits(v) + prior_steps * prior(v)) / (steps + prior_steps), where hits and steps decay
+    by half every `half_life` steps of their bucket so the estimate follows the text (code vs prose)
+    and the drafter's matrix as it fills. Decay uses a growing weight instead of rescaling every
+    count at every step; weights are renormalised before they overflow.
+    """
+
+    def __init__(self, prior: Sequence[float], prior_steps: float = 8.0, half_life: float = 200.0,
+                 buckets: int = 1):
+        if half_life <= 0 or prior_steps < 0 or buckets < 1:
+            raise ValueError(f"need half_life > 0, prior_steps >= 0 and buckets >= 1, got "
+                             f"{half_life}, {prior_steps}, {buckets}")
+        self.prior = list(prior)
+        self.prior_steps = float(prior_steps)
+        self.growth = 2.0 ** (1.0 / half_life)
+        n = len(self.prior)
+        self.hits = [[0.0] * n for _ in range(buckets)]
+        self.steps = [0.0] * buckets
+        self.weight = [1.0] * buckets  # the weight of the next observation (grows by `growth`)
+        self.version = [0] * buckets  # bumped at every update: lets callers cache derived choices
+
+    def add(self, path: Sequence[int], bucket: int = 0) -> None:
+        """One step's counterfactual accepted path (node ids, 1-based) in `bucket`."""
+        w = self.weight[bucket]
+        hits = self.hits[bucket]
+        for v in path:
+            hits[v - 1] += w
+        self.steps[bucket] += w
+        w *= self.growth
+        if w > 1e100:  # renormalise: every count and the weight scale together
+            hits[:] = [h / w for h in hits]
+            self.steps[bucket] /= w
+            w = 1.0
+        self.weight[bucket] = w
+        self.version[bucket] += 1
+
+    def probabilities(self, bucket: int = 0) -> list[float]:
+        """Posterior mean of p(v) for every node, in node order."""
+        w = self.weight[bucket]
+        prior_mass = self.prior_steps * w / self.growth  # prior worth prior_steps current steps
+        denom = self.steps[bucket] + prior_mass
+        if denom <= 0:
+            return list(self.prior)
+        return [(h + prior_mass * p0) / denom for h, p0 in zip(self.hits[bucket], self.prior)]
