@@ -47,8 +47,7 @@ class Medusa(Drafter):
             self.heads.set_shared_projection(lm_head)
         # Heads beyond the tree's depth would cost a vocabulary projection each for nothing.
         self._used_heads = depth
-        self._topk = self.choices.topk_per_head()
-        width = max(self._topk)
+        width = max(self.choices.topk_per_head())
         # Flat index of every node's token in the (depth, width) table of per-head top-k tokens.
         self._gather = torch.tensor([h * width + r for h, r in zip(self.choices.heads, self.choices.ranks)],
                                     device=lm_head.device)
