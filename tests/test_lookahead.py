@@ -110,6 +110,7 @@ def test_engine_forward_with_window_matches_sequential(tiny_llama):
     assert not new[n:, 1:n].any()  # window rows never see tree nodes
     assert new[n:, 0].all()  # ... but all see the root
     assert torch.equal(new[:n, :n], tree.ancestor_mask)
+    assert torch.equal(new[n:, n:], window_layout(3, 3)[2][:, 1:])  # cells see their allowed cells
     assert seen["pos"][0].tolist() == [cache_len + int(x) for x in torch.cat([tree.depths, draft.extra_depths])]
 
     toks = draft.tokens.tolist()
