@@ -131,8 +131,7 @@ def test_engine_forward_with_window_matches_sequential(tiny_llama):
 
 def _step(d: Lookahead, tokens: list[int], step: int, preds, emitted=None, accepted=None):
     """propose, then observe logits whose argmax at forward row r is preds(r)."""
-    draft = d.propose(DecodeState(tokens=torch.tensor(tokens), prompt_len=len(tokens) if step == 0 else 3,
-                                  step=step))
+    draft = d.propose(DecodeState(tokens=torch.tensor(tokens), prompt_len=3, step=step))
     rows = draft.tree.size + draft.n_extra
     logits = torch.zeros(rows, 200)
     for r in range(rows):
@@ -151,17 +150,18 @@ def test_warmup_then_full_window():
     assert d.levels[0][0] == 11 and set(d.levels[0][1:]) <= set(prompt)
 
     d = Lookahead(vocab_size=200, N=N, W=W, G=4, seed=3)
-    before = None
-    # warm-up step 1: a new level from the top level's predictions minus the first; one column less
+    # warm-up step 1: a new level from the top level's predictions minus the first; one column less.
+    # Rows: root 0, stand-in 1, level 0 columns 1..4 at rows 2..5
     _step(d, prompt, 0, lambda r: 100 + r)
     assert [len(lv) for lv in d.levels] == [W + N - 3] * 2
-    assert d.levels[1] == [100 + r for r in top_level_rows(1, W + N - 2, 1)][1:]
+    assert d.levels[1] == [102, 103, 104, 105]
     assert len(d.pool) == 0  # warm-up adds nothing to the pool
     before = [lv[:] for lv in d.levels]
     _step(d, prompt + [50], 1, lambda r: 150 + r)
     assert [len(lv) for lv in d.levels] == [W] * (N - 1)  # full: N-1 levels of W columns
     assert d.levels[:2] == [lv[1:] for lv in before]
-    assert d.levels[2] == [150 + r for r in top_level_rows(2, W + N - 3, 1)][1:]
+    # rows: root 0, stand-in 1, level 0 columns 1..3 at 2..4, level 1 columns 0..3 at 5..8
+    assert d.levels[2] == [156, 157, 158]
     assert len(d.pool) == 0
 
 
@@ -178,7 +178,7 @@ def test_full_window_feeds_pool_and_moves_down():
     d.pool.add(9, (20, 21))
     draft = _step(d, [1, 2, 5, 9], 2, lambda r: 60 + r, emitted=[20, 21, 4], accepted=[1, 2])
     assert draft.tokens.tolist() == [20, 21]
-    assert d.levels == [[30, 31, 32], [60 + r for r in top_level_rows(2, 3, 2)]]
+    assert d.levels == [[30, 31, 32], [65, 66, 67]]  # top rows: after root, 2 nodes, (0,1), (0,2)
     assert d.stats["stand_in_accepted"] == 0
 
 
