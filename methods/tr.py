@@ -3,6 +3,10 @@
 After every verification forward, the top-k tokens the model predicted at each row overwrite the
 matrix row of that row's token. Drafting expands a static tree template from the root: the r-th
 child of a node is rank r of its token's row. The matrix survives across questions (hot start).
+
+`tr_adaptive` drafts, each step, the sub-tree of the template that the hardware's cost curve and
+running acceptance estimates say is worth its forward (possibly none); the chooser's math is in
+specbench/goodput.py.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ import torch
 
 from specbench.cost import resolve_curve
 from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
-from specbench.goodput import (AcceptanceStats, choose_nodes, counterfactual_path, prior_probabilities,
-                               subtree_parents)
+from specbench.goodput import (AcceptanceStats, RateTable, choose_nodes, counterfactual_path,
+                               path_probabilities, prior_probabilities, subtree_parents)
 from specbench.registry import register
 from specbench.tree import DraftTree
 
@@ -94,51 +98,106 @@ class TokenRecycling(Drafter):
         return Draft(tokens=self.expand(int(state.tokens[-1]))[1:], tree=self.tree)
 
     def observe(self, outcome: StepOutcome) -> None:
+        self._recycle(outcome)
+
+    def _recycle(self, outcome: StepOutcome):
+        """Overwrite the matrix row of every verified row's token with that row's top-k; returns
+        the row tokens and the top-k (values, indices)."""
         draft = outcome.draft
         row_tokens = torch.full((1,), outcome.root, dtype=torch.long, device=self.device)
         if draft is not None:
             row_tokens = torch.cat([row_tokens, draft.tokens.to(self.device)])
-        top = outcome.logits[: row_tokens.numel()].topk(self.k, dim=-1).indices
-        self.matrix[row_tokens] = top.to(device=self.device, dtype=torch.int32)
+        top = outcome.logits[: row_tokens.numel()].topk(self.k, dim=-1)
+        self.matrix[row_tokens] = top.indices.to(device=self.device, dtype=torch.int32)
+        return row_tokens, top
 
 
 @register("tr_adaptive")
 class AdaptiveTokenRecycling(TokenRecycling):
     """Token Recycling that verifies, each step, the sub-tree of its template with the most expected
-    tokens per second on this hardware, down to a plain step (specbench/goodput.py).
+    tokens per second on this hardware, down to a plain step (the math: specbench/goodput.py).
 
-    Every step expands the whole template from the matrix, as static TR does; once the tokens after
-    that step's root are decided, the template node they would have reached is counted for every
-    node, drafted or not (so nothing needs exploring). From those counts (decayed, with a weak prior)
-    and the cost curve t(w), the chooser picks the best top-m nodes. With `context_buckets` the
-    counts are kept apart by whether the root was itself the matrix's rank-0 guess, so predictable
-    stretches of text get bigger trees than unpredictable ones.
+    Every step expands the whole template from the matrix, as static TR does. Once the tokens after
+    that step's root are decided, the template node they would have reached is known whatever was
+    drafted, so every node is observed at every step and nothing needs exploring. From these
+    counterfactual outcomes and the cost curve t(w), each step takes the best top-m nodes by p(v),
+    the estimated probability that v is on the accepted path:
+
+    * `confidence` (default on when the drafter runs on the CPU): p(v) = p(parent) x q(cell of v),
+      where the cell is the model's own probability for v's token when its matrix entry was written
+      (10 bins, or never written), v's sibling rank (0, 1, 2+) and the context bucket, and q is the
+      decayed rate at which such nodes were accepted when their parent was. Confident stretches
+      (copies, lists, code) get trees, the rest plain steps. Choosing needs the step's confidences
+      on the host, a device sync per step on an accelerator, where a flat cost curve makes the
+      choice matter little anyway; there the default is
+    * slot statistics: p(v) = the decayed rate at which template node v was on the accepted path,
+      per context bucket; the choice changes only when the statistics do and needs nothing from the
+      device.
+
+    The context bucket (`context_buckets`) says whether the root was itself its predecessor's
+    rank-0 candidate: predictable text goes on being predictable.
     """
+
+    BINS = 10  # confidence bins of width 0.1, plus one for entries never written
 
     def __init__(self, vocab_size: int, k: int = 8, tree="published", cold_start: bool = False,
                  device: str | torch.device = "cpu", cost_curve=None, min_gain: float = 0.05,
-                 half_life: float = 200, prior_steps: float = 8, prior_per_depth: float = 0.5,
-                 context_buckets: bool = True, model=None, model_name: str = "",
-                 dtype_name: str | None = None, hardware_curve=None, **_):
+                 confidence="auto", half_life: float | None = None, prior_steps: float | None = None,
+                 prior_per_depth: float = 0.5, context_buckets: bool = True, model=None,
+                 model_name: str = "", dtype_name: str | None = None, hardware_curve=None, **_):
         super().__init__(vocab_size, k=k, tree=tree, cold_start=cold_start, device=device)
         # method.cost_curve, else the curve the runner measured or loaded, else one for the model
         self.curve = resolve_curve(cost_curve or hardware_curve, model, model_name, dtype_name)
         self.step_times = self.curve.table(self.tree.size)  # t(w) for w = 1 .. template rows
         self.min_gain = float(min_gain)
         self.context_buckets = bool(context_buckets)
-        prior = prior_probabilities(self.tree.depths.tolist()[1:], self.tree.sibling_rank(), prior_per_depth)
-        self.stats = AcceptanceStats(prior, prior_steps, half_life, buckets=2 if context_buckets else 1)
-        self._pending: deque = deque()  # (root's index in the sequence, template tokens, bucket)
+        buckets = 2 if context_buckets else 1
+        self.confidence = self.device.type == "cpu" if confidence in ("auto", None) else bool(confidence)
+        ranks = self.tree.sibling_rank()
+        if self.confidence:
+            self.probs = torch.zeros(vocab_size, k, dtype=torch.float32, device=self.device)
+            self._rank_class = [min(r, 2) for r in ranks]
+            # prior rate of a cell: its confidence bin's midpoint; never-written entries rarely hit
+            per_bucket = [(b + 0.5) / self.BINS for b in range(self.BINS)] + [0.02]
+            self.rates = RateTable(per_bucket * (3 * buckets), prior_steps if prior_steps is not None else 4,
+                                   half_life if half_life is not None else 400)
+        else:
+            prior = prior_probabilities(self.tree.depths.tolist()[1:], ranks, prior_per_depth)
+            self.stats = AcceptanceStats(prior, prior_steps if prior_steps is not None else 8,
+                                         half_life if half_life is not None else 200, buckets)
+        self._pending: deque = deque()  # per step: (root's index, template tokens, confidences, bucket)
         self._last: tuple[int, torch.Tensor] | None = None  # the previous step's (root index, tokens)
         self._choice: dict[int, tuple[int, tuple[int, ...]]] = {}  # bucket -> (stats version, nodes)
         self._subtrees: dict[tuple[int, ...], tuple[DraftTree, torch.Tensor]] = {}
         self.drafted_steps = 0
         self.plain_steps = 0
 
+    def start_question(self) -> None:
+        super().start_question()
+        if self.cold_start and self.confidence:  # a reset matrix holds no confidence either
+            self.probs.zero_()
+
+    # -- what the template would have done ------------------------------------------------------
+    def _expand_with_confidence(self, root: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Template tokens (as `expand`) and, with `confidence`, each node's stored probability."""
+        if not self.confidence:
+            return self.expand(root), None
+        tokens = torch.empty(self.tree.size, dtype=torch.long, device=self.device)
+        conf = torch.ones(self.tree.size, dtype=torch.float32, device=self.device)
+        tokens[:1].fill_(root)
+        for idx, parent, rank in self._levels:
+            src = tokens[parent]
+            tokens[idx] = self.matrix[src, rank].long()
+            conf[idx] = self.probs[src, rank]
+        return tokens, conf
+
+    def _cell(self, confidence: float, node: int, bucket: int) -> int:
+        b = min(int(confidence * self.BINS), self.BINS - 1) if confidence > 0 else self.BINS
+        return (bucket * 3 + self._rank_class[node - 1]) * (self.BINS + 1) + b
+
     def _bucket(self, seq: torch.Tensor) -> int:
         """1 when the root (the last decided token) was its predecessor's rank-0 candidate in the
-        previous step's template, else 0: predictable stretches of text (copies, lists, code) go on
-        being predictable. Known whatever the previous step drafted, so no bucket starves."""
+        previous step's template, else 0. Known whatever the previous step drafted."""
         if not self.context_buckets or self._last is None:
             return 0
         root_at, host = self._last
@@ -158,11 +217,28 @@ class AdaptiveTokenRecycling(TokenRecycling):
         """Count the steps whose continuation is now decided as deep as the template reaches."""
         depth = self.tree.max_depth
         while self._pending and self._pending[0][0] + depth < seq.numel():
-            root_at, tokens, bucket = self._pending.popleft()
+            root_at, tokens, conf, bucket = self._pending.popleft()
             cont = seq[root_at + 1 : root_at + 1 + depth].tolist()
-            self.stats.add(counterfactual_path(self.tree.children, tokens.tolist(), cont), bucket)
+            path = counterfactual_path(self.tree.children, tokens.tolist(), cont)
+            if conf is None:
+                self.stats.add(path, bucket)
+                continue
+            conf = conf.tolist()
+            on_path = [0, *path]
+            for i, parent in enumerate(on_path):  # a trial for every child of an on-path node
+                nxt = on_path[i + 1] if i + 1 < len(on_path) else -1
+                for child in self.tree.children[parent]:
+                    self.rates.add(self._cell(conf[child], child, bucket), child == nxt)
+            self.rates.next_step()
 
-    def _nodes(self, bucket: int) -> tuple[int, ...]:
+    # -- choosing --------------------------------------------------------------------------------
+    def _nodes(self, bucket: int, conf: torch.Tensor | None) -> tuple[int, ...]:
+        if conf is not None:  # per-step confidences: a fresh choice every step
+            rates = self.rates.rates()
+            c = conf.tolist()
+            q = [rates[self._cell(c[v], v, bucket)] for v in range(1, self.tree.size)]
+            return choose_nodes(path_probabilities(self.tree.parents, q), self.tree.parents,
+                                self.step_times, self.min_gain)
         version = self.stats.version[bucket]
         cached = self._choice.get(bucket)
         if cached is None or cached[0] != version:
@@ -187,15 +263,23 @@ class AdaptiveTokenRecycling(TokenRecycling):
             self._last = None
         self._learn(seq)
         bucket = self._bucket(seq)
-        tokens = self.expand(int(seq[-1]))
-        # The host copy is read steps later, after the engine has synchronised, so it can be async.
+        tokens, conf = self._expand_with_confidence(int(seq[-1]))
+        # Host copies are read steps later, after the engine has synchronised, so they can be async
+        # (confidences are read now: on an accelerator that is the sync the docstring mentions).
         host = tokens.to("cpu", non_blocking=True)
-        self._pending.append((seq.numel() - 1, host, bucket))
+        host_conf = None if conf is None else conf.to("cpu")
+        self._pending.append((seq.numel() - 1, host, host_conf, bucket))
         self._last = (seq.numel() - 1, host)
-        nodes = self._nodes(bucket)
+        nodes = self._nodes(bucket, host_conf)
         if not nodes:
             self.plain_steps += 1
             return None
         self.drafted_steps += 1
         tree, index = self._subtree(nodes)
         return Draft(tokens=tokens[index], tree=tree)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        rows, top = self._recycle(outcome)
+        if self.confidence:  # the model's probability of each recycled candidate, kept beside it
+            logits = outcome.logits[: rows.numel()].float()
+            self.probs[rows] = (top.values.float() - logits.logsumexp(dim=-1, keepdim=True)).exp()

@@ -187,15 +187,15 @@ _QUICK_CURVES: dict[tuple[str, str, str], CostCurve] = {}
 def curve_for(model, model_name: str, dtype_name: str, measure: bool = True,
               context_len: int = 400) -> CostCurve | None:
     """The profiled curve cached for this (model, device, dtype); else a quick one measured now
-    (13 widths x 3 repeats: seconds on a CPU) and kept for this process only; or None when
-    `measure` is false and nothing is at hand."""
+    (13 widths x 5 repeats, interleaved: about 10 s on this CPU) and kept for this process only;
+    or None when `measure` is false and nothing is at hand."""
     dev_name = device_name(model.device)
     cached = load_cached(model_name, dev_name, dtype_name)
     if cached is not None:
         return cached
     key = (model_name, dev_name, dtype_name)
     if key not in _QUICK_CURVES and measure:
-        _QUICK_CURVES[key] = measure_cost_curve(model, QUICK_WIDTHS, context_len=context_len, repeats=3,
+        _QUICK_CURVES[key] = measure_cost_curve(model, QUICK_WIDTHS, context_len=context_len, repeats=5,
                                                 warmup=1, model_name=model_name, dtype_name=dtype_name,
                                                 quick=True)
     return _QUICK_CURVES.get(key)

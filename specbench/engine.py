@@ -149,7 +149,8 @@ class Engine:
     def _verify(self, logits: torch.Tensor, draft: Draft | None, cache_len: int,
                 select: Callable) -> tuple[list[int], list[int]]:
         """(accepted nodes in path order, emitted tokens = their tokens + the bonus). The only
-        device-to-host copy of a step: the path and its tokens, one small tensor."""
+        device-to-host copy of a step: the path and its tokens, one small tensor. (A sampler that
+        returns host ints, as PositionSampler does, adds a round trip for the targets.)"""
         if draft is None:
             targets = torch.as_tensor(select(logits[:1], torch.full((1,), cache_len, device=self.device)))
             return [], [int(targets[0])]

@@ -11,8 +11,10 @@ one scan, m = 0 being the plain autoregressive step.
 
 The estimates come from counterfactual outcomes: once the tokens that followed a step's root are
 decided, the template node whose tokens spell the longest prefix of them is known whatever was
-drafted (the matrix rows that built the full template are kept), so every node is observed at every
-step and no node needs to be drafted to be explored.
+drafted (the drafter keeps each step's full template), so every node is observed at every step and
+no node needs to be drafted to be explored. Two estimators: `AcceptanceStats`, p(v) per template
+slot; and `RateTable` + `path_probabilities`, p(v) = p(parent) x q(class of v), where q is the rate
+at which nodes of v's class (e.g. its stored confidence) were accepted when their parent was.
 
 Everything here is pure (plain lists and floats) so it can be tested directly and costs tens of
 microseconds per step.
@@ -151,3 +153,55 @@ class AcceptanceStats:
         if denom <= 0:
             return list(self.prior)
         return [(h + prior_mass * p0) / denom for h, p0 in zip(self.hits[bucket], self.prior)]
+
+
+def path_probabilities(parents: Sequence[int], step_rates: Sequence[float]) -> list[float]:
+    """p(v) = p(parent) x q(v) for every node (p of the root = 1), where q(v) is the probability that
+    v is accepted given its parent is: non-increasing down every path by construction."""
+    p = [1.0]
+    for par, q in zip(parents, step_rates):
+        p.append(p[par] * q)
+    return p[1:]
+
+
+class RateTable:
+    """Exponentially decayed success rates per cell, shrunk towards a prior rate per cell worth
+    `prior_steps` trials: q(c) = (hits(c) + prior_steps * prior(c)) / (trials(c) + prior_steps).
+
+    A cell is a class of nodes (e.g. the stored confidence of its matrix entry, its rank, the
+    context bucket); a trial is a step in which the node's parent was on the accepted path. Counts
+    decay by half every `half_life` calls of `next_step`."""
+
+    def __init__(self, prior: Sequence[float], prior_steps: float = 4.0, half_life: float = 400.0):
+        if half_life <= 0 or prior_steps < 0:
+            raise ValueError(f"need half_life > 0 and prior_steps >= 0, got {half_life}, {prior_steps}")
+        self.prior = list(prior)
+        self.prior_steps = float(prior_steps)
+        self.growth = 2.0 ** (1.0 / half_life)
+        self.hits = [0.0] * len(self.prior)
+        self.trials = [0.0] * len(self.prior)
+        self.weight = 1.0
+        self._rates: list[float] | None = None
+
+    def add(self, cell: int, hit: bool) -> None:
+        self.trials[cell] += self.weight
+        if hit:
+            self.hits[cell] += self.weight
+        self._rates = None
+
+    def next_step(self) -> None:
+        """Later trials weigh more (the same as decaying earlier ones); renormalise before overflow."""
+        self.weight *= self.growth
+        if self.weight > 1e100:
+            self.hits = [h / self.weight for h in self.hits]
+            self.trials = [t / self.weight for t in self.trials]
+            self.weight = 1.0
+        self._rates = None
+
+    def rates(self) -> list[float]:
+        """q(c) for every cell (cached until the next `add`)."""
+        if self._rates is None:
+            pm = self.prior_steps * self.weight  # the prior keeps the weight of prior_steps recent trials
+            self._rates = [(h + pm * p0) / (t + pm) if t + pm > 0 else p0
+                           for h, t, p0 in zip(self.hits, self.trials, self.prior)]
+        return self._rates

@@ -9,9 +9,9 @@ import torch
 from methods.ar import Autoregressive
 from methods.tr import AdaptiveTokenRecycling, TokenRecycling
 from specbench.cost import CostCurve
-from specbench.drafter import DecodeState
-from specbench.goodput import (AcceptanceStats, best_size, choose_nodes, counterfactual_path, monotone_down,
-                               prior_probabilities, subtree_parents)
+from specbench.drafter import DecodeState, StepOutcome
+from specbench.goodput import (AcceptanceStats, RateTable, best_size, choose_nodes, counterfactual_path,
+                               monotone_down, path_probabilities, prior_probabilities, subtree_parents)
 from specbench.tree import DraftTree
 
 T1 = 0.064
@@ -142,11 +142,20 @@ def feed(drafter, sequence: list[int], prompt_len: int = 1):
     return drafts
 
 
-def test_adaptive_learns_a_predictable_chain_and_drafts_it():
-    d = adaptive([1.0, 1.02, 1.04, 1.06, 1.08, 1.1], prior_steps=1, half_life=1000, context_buckets=False)
-    d.matrix[1] = torch.tensor([2, 5], dtype=torch.int32)  # 1 -> 2 -> 3 -> 1 ..., rank 0 always right
+def cyclic(d: AdaptiveTokenRecycling) -> AdaptiveTokenRecycling:
+    """Matrix rows for the text 1 2 3 1 2 3 ...: rank 0 always right, rank 1 never."""
+    d.matrix[1] = torch.tensor([2, 5], dtype=torch.int32)
     d.matrix[2] = torch.tensor([3, 6], dtype=torch.int32)
     d.matrix[3] = torch.tensor([1, 7], dtype=torch.int32)
+    if d.confidence:  # the model was fairly sure of its rank-0 guesses
+        d.probs[1:4] = torch.tensor([0.75, 0.25])
+    return d
+
+
+@pytest.mark.parametrize("confidence", [True, False])
+def test_adaptive_learns_a_predictable_chain_and_drafts_it(confidence):
+    d = cyclic(adaptive([1.0, 1.02, 1.04, 1.06, 1.08, 1.1], confidence=confidence, prior_steps=1,
+                        half_life=1000, context_buckets=False))
     drafts = feed(d, [1, 2, 3] * 20)
     last = drafts[-1]
     assert last is not None
@@ -155,19 +164,48 @@ def test_adaptive_learns_a_predictable_chain_and_drafts_it():
     assert d.drafted_steps > 0
 
 
-def test_adaptive_never_drafts_when_rows_cost_a_step_each():
-    d = adaptive(linear_curve(6))
-    d.matrix[1] = torch.tensor([2, 5], dtype=torch.int32)
-    d.matrix[2] = torch.tensor([3, 6], dtype=torch.int32)
-    d.matrix[3] = torch.tensor([1, 7], dtype=torch.int32)
+@pytest.mark.parametrize("confidence", [True, False])
+def test_adaptive_never_drafts_when_rows_cost_a_step_each(confidence):
+    d = cyclic(adaptive(linear_curve(6), confidence=confidence))
     assert all(x is None for x in feed(d, [1, 2, 3] * 20))
-    assert d.stats.probabilities(1)[0] > 0.9  # it still learned that rank 0 is right after a rank-0 hit
+    # it still learned that rank 0 is right after a rank-0 hit (bucket 1)
+    if confidence:
+        assert d.rates.rates()[d._cell(0.75, 1, bucket=1)] > 0.9
+        assert d.rates.rates()[d._cell(0.25, 2, bucket=1)] < 0.1
+    else:
+        assert d.stats.probabilities(1)[0] > 0.9
 
 
 def test_adaptive_drafts_everything_when_rows_are_free():
-    d = adaptive(flat_curve(6))
+    d = adaptive(flat_curve(6), confidence=False)  # slot statistics: the prior alone pays
+    assert feed(d, [4])[0].tree.parents == (0, 0, 1, 1, 2)
+    d = adaptive(flat_curve(6), confidence=True)
+    assert feed(d, [4])[0] is None  # nothing recycled yet: no confidence in any node
+    d.probs[:] = 0.95  # a matrix the model was sure of
+    assert feed(d, [4])[0].tree.parents == (0, 0, 1, 1, 2)
+
+
+def test_confidence_is_the_models_probability_of_each_recycled_token():
+    d = adaptive(flat_curve(6), confidence=True)
     draft = feed(d, [4])[0]
-    assert draft.tree.parents == (0, 0, 1, 1, 2)
+    assert draft is None
+    logits = torch.full((1, 10), -1e4)
+    logits[0, [7, 8]] = torch.tensor([1.0, 0.0])
+    d.observe(StepOutcome(draft=None, root=4, logits=logits, accepted=[], bonus=7))
+    assert d.matrix[4].tolist() == [7, 8]
+    e = torch.e
+    assert d.probs[4].tolist() == pytest.approx([e / (e + 1), 1 / (e + 1)])
+    assert d.confidence and not adaptive(flat_curve(6), device="meta").confidence
+
+
+def test_path_probabilities_and_rate_table():
+    assert path_probabilities(TREE.parents, [0.5, 0.2, 0.5, 0.1, 1.0]) == pytest.approx([0.5, 0.2, 0.25, 0.05, 0.2])
+    rates = RateTable([0.5, 0.1], prior_steps=2, half_life=1e9)
+    assert rates.rates() == pytest.approx([0.5, 0.1])
+    for i in range(100):
+        rates.add(0, i % 4 == 0)
+        rates.next_step()
+    assert rates.rates()[0] == pytest.approx((25 + 1) / 102, rel=1e-3) and rates.rates()[1] == pytest.approx(0.1)
 
 
 def test_adaptive_needs_a_curve_and_refuses_tree_adaptive_for_tr():
