@@ -91,10 +91,7 @@ class Medusa(Drafter):
         evaluate_posterior. Setting each ancestor's target to the next token on that path makes the
         engine's ordinary verification accept exactly this path; the bonus token stays the engine's
         own choice at the last accepted row. Greedy mode returns `targets` untouched. Everything stays
-        on the device (no host sync).
-
-        The engine must call this between choosing targets and accepting a path (see the report that
-        came with this method); until it does, typical=true decodes greedily.
+        on the device (no host sync). The engine calls it for lossy drafters only.
         """
         if not self.typical:
             return targets

@@ -4,6 +4,8 @@
    run, so the ratio is measured side by side on the same machine.
 2. For Token Recycling: the share of each decoding step spent outside the model forward
    (drafting, masks, verification, KV compaction, matrix update).
+3. For Token Recycling at temperature 0.7: the share of the step spent drawing the target's
+   samples (filtering, position-keyed Gumbel noise for every tree depth, argmax).
 
     python scripts/bench_engine.py --questions path/to/question.jsonl --per-subtask 1 --max-new-tokens 128
 """
@@ -26,8 +28,26 @@ from methods.tr import TokenRecycling  # noqa: E402
 from specbench.chat import prompt_ids  # noqa: E402
 from specbench.engine import Engine  # noqa: E402
 from specbench.models import eos_token_ids, load_model, resolve_device, resolve_dtype  # noqa: E402
+from specbench.sampling import PositionSampler  # noqa: E402
 from specbench.tasks import MINI, load_jsonl_questions, select_per_subtask  # noqa: E402
 from specbench.timing import now  # noqa: E402
+
+
+class TimedSampler:
+    """A PositionSampler that adds up the (device-synchronised) time spent in it."""
+
+    def __init__(self, sampler: PositionSampler, device):
+        self.sampler, self.device, self.seconds, self.calls = sampler, device, 0.0, 0
+
+    def bind(self, question_id, turn: int) -> None:
+        self.sampler.bind(question_id, turn)
+
+    def __call__(self, logits, positions):
+        t0 = now(self.device)
+        out = self.sampler(logits, positions)
+        self.seconds += now(self.device) - t0
+        self.calls += 1
+        return out
 
 
 def main() -> None:
@@ -91,6 +111,14 @@ def main() -> None:
         steps += r.decoding_steps
     overhead = (decode - fwd) / decode
 
+    sampler = TimedSampler(PositionSampler(0.7, seed=0), device)
+    s_decode, s_steps = 0.0, 0
+    for i, ids in enumerate(prompts):
+        sampler.bind(i, 0)
+        r = prof.generate(ids, tr, args.max_new_tokens, sampler)
+        s_decode += r.wall_time - r.prefill_time
+        s_steps += r.decoding_steps
+
     res = {
         "device": str(device), "dtype": args.dtype, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
         "ar_tokens_per_s": statistics.mean(speeds["ours"]),
@@ -99,6 +127,9 @@ def main() -> None:
         "tr_steps": steps, "tr_ms_per_step": 1000 * decode / steps,
         "tr_ms_outside_forward_per_step": 1000 * (decode - fwd) / steps,
         "tr_share_outside_forward": overhead,
+        "tr_t0.7_steps": s_steps, "tr_t0.7_ms_per_step": 1000 * s_decode / s_steps,
+        "tr_t0.7_ms_sampling_per_step": 1000 * sampler.seconds / sampler.calls,
+        "tr_t0.7_share_sampling": sampler.seconds / s_decode,
     }
     print(json.dumps(res, indent=2))
     if args.out:

@@ -61,8 +61,8 @@ def _baseline_dir(path: Path, method: str, summary: dict | None) -> Path | None:
         d = Path(summary["baseline_dir"])
         if (d / "answers.jsonl").is_file():
             return d
-    if path.name.startswith(method + "-"):
-        d = path.parent / ("ar" + path.name[len(method):])
+    if path.name.startswith(method + "-"):  # the sibling ar-... directory (no method variant)
+        d = path.parent / ("ar" + path.name[len(method):].split("~")[0])
         if (d / "answers.jsonl").is_file():
             return d
     return None
@@ -97,7 +97,8 @@ def run_meta(run: Run) -> dict:
     checks = [r["lossless"] for r in run.records if r.get("lossless", {}).get("status", "unchecked") != "unchecked"]
     lossless = {"checked": len(checks), "exact": sum(c["status"] == "exact" for c in checks),
                 "numeric_ties": sum(c["status"] == "numeric_tie" for c in checks),
-                "mismatches": sum(c["status"] == "mismatch" for c in checks)}
+                "mismatches": sum(c["status"] == "mismatch" for c in checks),
+                "lossy_differences": sum(c["status"] == "lossy_difference" for c in checks)}
     return {
         "model": ident.get("model"), "task": task, "temperature": ident.get("temperature"),
         "top_k": ident.get("top_k", 0), "top_p": ident.get("top_p", 1.0),
@@ -107,6 +108,7 @@ def run_meta(run: Run) -> dict:
         "method_params": s.get("method_params", {k: v for k, v in cfg.get("method", {}).items() if k != "name"}),
         "repeat": cfg.get("repeat", 0) or 0, "baseline_mode": cfg.get("baseline"),
         "finished": s.get("finished"), "path": str(run.path), "lossless": lossless,
+        "speedup_bound": s.get("speedup_bound"),
     }
 
 
@@ -118,7 +120,7 @@ RESULTS_CSV_FIELDS = ["path", *tables.TABLE_KEYS, "device_name", "method", "meth
                       "baseline_mode", "questions", *tables.SPEEDUP_KEYS, "mat", "tokens_per_s",
                       "decode_tokens_per_s", "decode_speedup", "baseline_tokens_per_s",
                       "lossless_checked", "lossless_exact", "lossless_numeric_ties", "lossless_mismatches",
-                      "finished"]
+                      "lossless_lossy_differences", "speedup_bound", "finished"]
 
 
 def results_csv_rows(rows: list[dict]) -> list[dict]:

@@ -80,3 +80,9 @@ class Drafter:
 
     def observe(self, outcome: StepOutcome) -> None:
         """See the verification's results (logits at every row, accepted nodes)."""
+
+    def override_targets(self, draft: Draft, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Lossy methods only (they set `lossless = False`): replace the target's token at each tree
+        row (root first) before the path is accepted, e.g. Medusa's typical acceptance. A lossless
+        drafter never overrides this."""
+        return targets

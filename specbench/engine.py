@@ -147,16 +147,17 @@ class Engine:
         return out.logits[0], hs
 
     def _verify(self, logits: torch.Tensor, draft: Draft | None, cache_len: int,
-                select: Callable) -> tuple[list[int], list[int]]:
+                select: Callable, drafter: Drafter) -> tuple[list[int], list[int]]:
         """(accepted nodes in path order, emitted tokens = their tokens + the bonus). The only
-        device-to-host copy of a step: the path and its tokens, one small tensor. (A sampler that
-        returns host ints, as PositionSampler does, adds a round trip for the targets.)"""
+        device-to-host copy of a step: the path and its tokens, one small tensor."""
         if draft is None:
             targets = torch.as_tensor(select(logits[:1], torch.full((1,), cache_len, device=self.device)))
             return [], [int(targets[0])]
         tt = self.tree_tensors(draft.tree)
         size = draft.tree.size
         targets = torch.as_tensor(select(logits[:size], cache_len + tt.depths), device=self.device)
+        if not drafter.lossless:
+            targets = drafter.override_targets(draft, logits[:size], targets)
         path = accepted_path(tt, draft.tokens.to(self.device), targets)
         # an accepted node's token is its parent's target, so the emitted tokens are the targets
         # along [root] + path
@@ -203,7 +204,7 @@ class Engine:
             if draft is not None and len(draft.tree) == 0:
                 draft = None
             logits, hidden = self.forward_rows(cache, cache_len, draft, root, want_hidden)
-            accepted, emitted = self._verify(logits, draft, cache_len, select)
+            accepted, emitted = self._verify(logits, draft, cache_len, select, drafter)
             bonus = emitted[-1]
             if draft is not None:
                 compact_kv_cache(cache, cache_len, [0] + accepted)

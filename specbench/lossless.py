@@ -62,4 +62,5 @@ def tally(checks: list[dict]) -> dict:
         "exact": sum(c["status"] == "exact" for c in checks),
         "numeric_ties": sum(c["status"] == "numeric_tie" for c in checks),
         "mismatches": sum(c["status"] == "mismatch" for c in checks),
+        "lossy_differences": sum(c["status"] == "lossy_difference" for c in checks),
     }

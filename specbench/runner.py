@@ -7,8 +7,10 @@ finish, so an interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,7 +27,7 @@ from specbench.results import append_jsonl, repair_jsonl, write_json_atomic
 from specbench.tasks import SUBTASKS, Question, load_task
 
 # Settings that must match for answers to be resumed or an AR run to be reused.
-IDENTITY_KEYS = ("model", "task", "max_new_tokens", "temperature", "dtype", "device", "seed")
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 class SettingsError(ValueError):
@@ -36,22 +38,47 @@ def method_params(cfg: dict) -> dict:
     return {k: v for k, v in cfg["method"].items() if k != "name"}
 
 
+def method_variant(cfg: dict) -> str:
+    """The method settings that differ from conf/method/<name>.yaml, as a short directory label
+    ('' for the defaults), so `-m method.k=4,8` gives each setting its own results directory."""
+    name = cfg["method"]["name"]
+    defaults_file = CONF_DIR / "method" / f"{name}.yaml"
+    defaults = {}
+    if defaults_file.is_file():
+        from omegaconf import OmegaConf
+
+        defaults = OmegaConf.to_container(OmegaConf.load(defaults_file), resolve=True)
+    changed = {k: v for k, v in sorted(method_params(cfg).items()) if defaults.get(k, object()) != v}
+    if not changed:
+        return ""
+    label = ",".join(f"{k}={v}" for k, v in changed.items()).replace(" ", "")
+    if len(label) > 48 or not re.fullmatch(r"[\w.,=+-]+", label):  # inline trees, paths: a hash
+        label = hashlib.blake2b(json.dumps(changed, sort_keys=True).encode(), digest_size=4).hexdigest()
+    return "~" + label
+
+
 def results_dir_for(cfg: dict, method: str) -> Path:
     if cfg.get("results_dir") and method == cfg["method"]["name"]:
         return Path(cfg["results_dir"])
-    task = cfg["task"]["name"] + (f"-ps{cfg['task']['per_subtask']}" if cfg["task"].get("per_subtask") else "")
+    t = cfg["task"]
+    subtasks = t.get("subtasks")
+    task = (t["name"] + (f"-{'+'.join([subtasks] if isinstance(subtasks, str) else subtasks)}" if subtasks else "")
+            + (f"-ps{t['per_subtask']}" if t.get("per_subtask") else "")
+            + (f"-l{t['limit']}" if t.get("limit") else ""))
     filt = (f"-k{cfg['top_k']}" if cfg.get("top_k") else "") + (
         f"-p{cfg['top_p']:g}" if cfg.get("top_p", 1.0) < 1 else "")
     rep = f"-r{cfg['repeat']}" if cfg.get("repeat") else ""  # repeated runs: -r1, -r2, ...
+    variant = method_variant(cfg) if method == cfg["method"]["name"] else ""
     return (Path(cfg.get("results_root", "results")) / cfg["model"]["name"] / task
-            / f"{method}-t{cfg['temperature']:g}{filt}-m{cfg['max_new_tokens']}{rep}")
+            / f"{method}-t{cfg['temperature']:g}{filt}-m{cfg['max_new_tokens']}{rep}{variant}")
 
 
 def identity(cfg: dict) -> dict:
     return {
         "model": cfg["model"]["name"], "model_path": cfg["model"].get("path"),
         "task": cfg["task"]["name"], "task_path": cfg["task"].get("path"),
-        "per_subtask": cfg["task"].get("per_subtask"), "max_new_tokens": cfg["max_new_tokens"],
+        "subtasks": cfg["task"].get("subtasks"), "per_subtask": cfg["task"].get("per_subtask"),
+        "limit": cfg["task"].get("limit"), "max_new_tokens": cfg["max_new_tokens"],
         "temperature": cfg["temperature"], "top_k": cfg.get("top_k", 0), "top_p": cfg.get("top_p", 1.0),
         "dtype": cfg["dtype"], "device": str(cfg["device"]),
         "seed": cfg["seed"],
@@ -126,13 +153,13 @@ def _check_identity(path: Path, ident: dict) -> None:
 
 
 def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dict],
-              curve: cost.CostCurve | None = None) -> dict:
+              curve: cost.CostCurve | None = None, lossless_method: bool = True) -> dict:
     ids = {r["question_id"] for r in records}
     bound = cost.run_bound(curve, records)
     base = [b for b in base if b["question_id"] in ids]
     summary = {
         "method": cfg["method"]["name"], "method_params": method_params(cfg),
-        "lossless_method": True,
+        "lossless_method": lossless_method,  # false: lossy by design, outside the lossless tally
         "model": cfg["model"]["name"], "task": cfg["task"]["name"], "temperature": cfg["temperature"],
         "top_k": cfg.get("top_k", 0), "top_p": cfg.get("top_p", 1.0),
         "dtype": cfg["dtype"], "device": cfg["device_name"], "max_new_tokens": cfg["max_new_tokens"],
@@ -153,8 +180,8 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "speedup_bound": bound["bound"] if bound else None,
         "speedup_bound_detail": bound,
         "lossless": lossless.tally(checks),
-        "lossless_details": [dict(c, question_id=r["question_id"]) for r, c in zip(records, checks)
-                             if c["status"] != "exact"],
+        "lossless_details": [dict(r["lossless"], question_id=r["question_id"]) for r in records
+                             if r.get("lossless", {}).get("status", "exact") not in ("exact", "unchecked")],
         "warmup": cfg["warmup"],
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__},
@@ -174,7 +201,9 @@ def format_table(summary: dict) -> str:
            f"{sp['overall']:.2f}x" if sp.get("overall") else "-", f"{dec:.2f}x" if dec else "-",
            f"{bound:.2f}x" if bound else "-", f"{summary['mat']:.2f}",
            f"{summary['tokens_per_s']:.1f}",
-           f"{lo['exact']}/{lo['checked']} exact, {lo['numeric_ties']} ties, {lo['mismatches']} mismatches"]
+           (f"{lo['exact']}/{lo['checked']} exact, {lo['numeric_ties']} ties, {lo['mismatches']} mismatches"
+            if summary.get("lossless_method", True) else
+            f"lossy by design: {lo['exact']}/{lo['checked']} equal to AR")]
     rows = [head, row]
     if summary["baseline_tokens_per_s"]:
         rows.insert(1, ["ar", *["1.00x"] * len(cols), "1.00x", "1.00x", "1.00x", "1.00",
@@ -210,8 +239,10 @@ def run_benchmark(cfg: dict) -> dict:
     out_dir = results_dir_for(cfg, method)
     out_dir.mkdir(parents=True, exist_ok=True)
     ident = identity(cfg)
-    _check_identity(out_dir, ident)
-    write_json_atomic(out_dir / "run_config.json", {"identity": ident, "config": cfg})
+    # a run's own answers also depend on the method and its settings (AR references do not)
+    own_ident = dict(ident, method=method, method_params=method_params(cfg))
+    _check_identity(out_dir, own_ident)
+    write_json_atomic(out_dir / "run_config.json", {"identity": own_ident, "config": cfg})
     answers_path = out_dir / "answers.jsonl"
     done = {r["question_id"]: r for r in repair_jsonl(answers_path)}
 
@@ -230,7 +261,7 @@ def run_benchmark(cfg: dict) -> dict:
             )
     elif with_baseline and cfg["baseline"] == "shared":  # see specbench/sweep.py
         from specbench.sweep import SharedBaseline
-        shared = SharedBaseline(results_dir_for(cfg, "ar"), ident, cfg)
+        shared = SharedBaseline(results_dir_for(cfg, "ar"), dict(ident, method="ar", method_params={}), cfg)
         base_done = shared.load()
     elif with_baseline:
         base_done = {r["question_id"]: r for r in repair_jsonl(base_path)}
@@ -278,6 +309,9 @@ def run_benchmark(cfg: dict) -> dict:
             if "prompt_ids" not in base_rec["turns"][0]:  # resumed or reused: rebuild the prompts
                 base_rec = _with_prompts(base_rec, q, tok, template)
             rec["lossless"] = lossless.compare_question(model, base_rec, rec, tolerance, sampler, q.question_id)
+            if not drafter.lossless and rec["lossless"]["status"] != "exact":
+                # a lossy-by-design option (Medusa's typical acceptance): a difference is expected
+                rec["lossless"]["status"] = "lossy_difference"
         else:
             rec["lossless"] = {"status": "exact"} if method == "ar" else {"status": "unchecked"}
         append_jsonl(answers_path, _stored(rec))
@@ -296,7 +330,7 @@ def run_benchmark(cfg: dict) -> dict:
         base = records
     checks = [r.get("lossless", {"status": "unchecked"}) for r in records]
     checks = [c for c in checks if c["status"] != "unchecked"]
-    summary = summarize(cfg, records, base, checks, curve)
+    summary = summarize(cfg, records, base, checks, curve, lossless_method=drafter.lossless)
     summary["results_dir"] = str(out_dir)
     summary["repeat"] = cfg.get("repeat", 0)
     if with_baseline and cfg["baseline"] in ("reuse", "shared"):

@@ -89,9 +89,10 @@ class PositionSampler:
     def bind(self, question_id, turn: int) -> None:
         self.key = stream_key(self.seed, question_id, turn)
 
-    def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> list[int]:
-        """logits (rows, vocab), positions (rows,): one noise draw per distinct position."""
+    def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """logits (rows, vocab), positions (rows,): one noise draw per distinct position. The
+        samples stay on the logits' device (the engine copies back only the accepted path)."""
         scores = filter_logits(logits, self.temperature, self.top_k, self.top_p)
         uniq, inverse = torch.unique(positions.to(logits.device), return_inverse=True)
         noise = gumbel_noise(self.key, uniq, scores.shape[-1])
-        return (scores + noise[inverse]).argmax(dim=-1).tolist()
+        return (scores + noise[inverse]).argmax(dim=-1)

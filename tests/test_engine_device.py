@@ -8,7 +8,7 @@ import torch
 
 from methods.ar import Autoregressive
 from methods.tr import TokenRecycling
-from specbench.drafter import Draft
+from specbench.drafter import Draft, Drafter
 from specbench.engine import Engine, TreeTensors, accepted_path
 from specbench.tree import DraftTree, tree_attention_mask
 from specbench.verify import accept_path
@@ -46,10 +46,10 @@ def test_engine_verify_returns_path_and_emitted_tokens(tiny_llama):
     def greedy(lg, pos):
         return lg.argmax(-1)
 
-    assert engine._verify(logits, draft, 3, greedy) == ([2, 4], [8, 10, 13])
-    assert engine._verify(logits[:1], None, 3, greedy) == ([], [8])
+    assert engine._verify(logits, draft, 3, greedy, Drafter()) == ([2, 4], [8, 10, 13])
+    assert engine._verify(logits[:1], None, 3, greedy, Drafter()) == ([], [8])
     as_list = lambda lg, pos: lg.argmax(-1).tolist()  # noqa: E731 - a sampler returning host ints
-    assert engine._verify(logits, draft, 3, as_list) == ([2, 4], [8, 10, 13])
+    assert engine._verify(logits, draft, 3, as_list, Drafter()) == ([2, 4], [8, 10, 13])
 
 
 @pytest.mark.parametrize("window", [None, 3])

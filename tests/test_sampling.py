@@ -13,6 +13,7 @@ from transformers.generation.logits_process import (
 from methods.ar import Autoregressive
 from methods.tr import TokenRecycling
 from specbench.engine import Engine
+from specbench.registry import available_methods
 from specbench.sampling import PositionSampler, filter_logits, position_uniforms
 
 
@@ -103,22 +104,63 @@ def test_real_model_tr_equals_ar_when_sampling(real_model, spec_bench_path):
     assert max(accepted) > 1
 
 
-@pytest.mark.parametrize("method", ["ar", "tr"])
-def test_first_three_tokens_follow_the_target_distribution(small_vocab_model, method):
+def small_vocab_drafter(method: str, model, tmp_path):
+    """Every registered method, sized for the 6-token model (whatever it needs built in tmp_path)."""
+    from specbench.cost import CostCurve
+    from specbench.medusa_heads import MedusaHeads, save_heads
+    from specbench.registry import build_drafter
+    from specbench.rest_datastore import build_datastore
+
+    tree = [[2], [1, 1]]
+    kwargs = {
+        "ar": {},
+        "tr": {"k": 4, "tree": tree},
+        # rows cost nothing, so the adaptive tree always drafts
+        "tr_adaptive": {"k": 4, "tree": tree, "hardware_curve": CostCurve(widths=[1, 8], times=[1.0, 1.0])},
+        "pld": {"max_ngram_size": 2, "num_pred_tokens": 3},
+        "lookahead": {"N": 3, "W": 2, "G": 2},
+        "rest": {"num_draft": 4, "continuation_len": 3, "min_token_span": 1},
+        "medusa": {"choices": [[0], [1], [0, 0]]},
+    }
+    if method not in kwargs:
+        raise AssertionError(f"method '{method}' is registered but this test does not know how to build it "
+                             f"for a 6-token model: add it to small_vocab_drafter")
+    if method == "rest":
+        g = torch.Generator().manual_seed(4)
+        docs = [torch.randint(0, 6, (40,), generator=g).tolist() for _ in range(20)]
+        build_datastore(docs, tmp_path / "rest", vocab_size=6, tokenizer="small-vocab")
+        kwargs["rest"]["datastore"] = str(tmp_path / "rest")
+    if method == "medusa":
+        torch.manual_seed(5)
+        heads = MedusaHeads(2, model.config.hidden_size, 6, shared_projection=True)
+        with torch.no_grad():
+            for p in heads.parameters():
+                p.normal_(0, 0.5)  # not the zero-init identity: the heads should guess differently
+        save_heads(heads, tmp_path / "medusa", dtype=torch.float32)
+        kwargs["medusa"]["heads"] = str(tmp_path / "medusa")
+    return build_drafter(method, vocab_size=6, device="cpu", model=model, model_name="small-vocab",
+                         dtype_name="float32", **kwargs[method])
+
+
+@pytest.mark.parametrize("method", available_methods())
+def test_first_three_tokens_follow_the_target_distribution(small_vocab_model, method, tmp_path):
     """Chi-square goodness of fit against the exact distribution; deterministic seeds, false-alarm
     rate 1e-3 per test."""
     prompt = [1, 2, 3, 4]
     temperature, top_k = 0.9, 4
     exact = exact_first_three(small_vocab_model, prompt, temperature, top_k)
     engine = Engine(small_vocab_model, eos_token_ids=[])
-    drafter = Autoregressive() if method == "ar" else TokenRecycling(vocab_size=6, k=4, tree=[[2], [1, 1]])
+    drafter = small_vocab_drafter(method, small_vocab_model, tmp_path)
     n = 1500
     counts: dict = {}
+    drafted = 0
     for seed in range(n):
         s = PositionSampler(temperature, top_k=top_k, seed=seed)
         s.bind("q", 0)
-        toks = tuple(engine.generate(prompt, drafter, 3, s).tokens)
-        counts[toks] = counts.get(toks, 0) + 1
+        r = engine.generate(prompt, drafter, 3, s)
+        drafted += sum(r.accept_lengths) - len(r.accept_lengths)
+        counts[tuple(r.tokens)] = counts.get(tuple(r.tokens), 0) + 1
+    assert method == "ar" or drafted > 0, "no draft token was ever accepted: the test would not test the verifier"
     assert all(exact[c] > 0 for c in counts)  # nothing outside the top-k support
     cells = sorted(exact, key=exact.get, reverse=True)
     big = [c for c in cells if exact[c] * n >= 5]

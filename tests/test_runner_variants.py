@@ -1,0 +1,64 @@
+"""Method settings name their own results directories; a lossy option is run, checked and reported
+apart from the lossless tally."""
+
+import json
+
+import pytest
+
+from specbench.runner import SettingsError, _check_identity, main_exit_code, method_variant, results_dir_for
+from tests.test_config import cfg
+
+
+def _cfg(*overrides):
+    c = cfg(*overrides)
+    c["max_new_tokens"] = c["max_new_tokens"] or 32
+    return c
+
+
+def test_default_settings_have_no_variant_label():
+    c = _cfg("method=tr", "max_new_tokens=32")
+    assert method_variant(c) == ""
+    assert str(results_dir_for(c, "tr")) == "results/smollm2-135m/mini/tr-t0-m32"
+
+
+def test_changed_settings_get_their_own_directory():
+    c = _cfg("method=tr", "method.k=4", "method.cold_start=true", "max_new_tokens=32")
+    assert str(results_dir_for(c, "tr")) == "results/smollm2-135m/mini/tr-t0-m32~cold_start=True,k=4"
+    # the AR reference of a variant is the plain AR directory
+    assert str(results_dir_for(c, "ar")) == "results/smollm2-135m/mini/ar-t0-m32"
+    inline = _cfg("method=tr", "method.tree=[[2],[1,1]]", "max_new_tokens=32")
+    label = method_variant(inline)
+    assert label.startswith("~") and len(label) == 9  # an inline tree becomes a short hash
+
+
+def test_task_selection_is_part_of_the_directory():
+    c = _cfg("task=spec_bench", "task.path=q.jsonl", "task.subtasks=[qa,rag]", "task.per_subtask=2",
+             "max_new_tokens=32")
+    assert str(results_dir_for(c, "pld")) == "results/smollm2-135m/spec_bench-qa+rag-ps2/pld-t0-m32"
+
+
+def test_answers_of_other_method_settings_are_not_resumed(tmp_path):
+    (tmp_path / "run_config.json").write_text(json.dumps(
+        {"identity": {"model": "m", "method": "tr", "method_params": {"k": 8}}}))
+    _check_identity(tmp_path, {"model": "m", "method": "tr", "method_params": {"k": 8}})
+    with pytest.raises(SettingsError, match="other settings"):
+        _check_identity(tmp_path, {"model": "m", "method": "tr", "method_params": {"k": 4}})
+
+
+def test_typical_medusa_is_marked_lossy_and_never_fails_the_run(real_model, tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from specbench.runner import run_benchmark
+    from tests.test_config import CONF
+
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        c = OmegaConf.to_container(compose("config", overrides=[
+            "method=medusa", "method.typical=true", "task.limit=2", "max_new_tokens=24", "warmup=0",
+            f"results_root={tmp_path}", "progress=false", "cost_curve=off"]), resolve=True)
+    summary = run_benchmark(c)
+    assert summary["lossless_method"] is False
+    assert summary["results_dir"].endswith("medusa-t0-m24~typical=True")
+    lo = summary["lossless"]
+    assert lo["mismatches"] == 0 and lo["exact"] + lo["lossy_differences"] == lo["checked"] == 2
+    assert main_exit_code(summary, c) == 0
