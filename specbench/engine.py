@@ -16,7 +16,9 @@ from transformers import DynamicCache
 from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
 from specbench.kv_cache import compact_kv_cache
 from specbench.timing import now
-from specbench.tree import DraftTree
+from specbench.tree import DraftTree, tree_attention_mask
+from specbench.verify import TreeTensors, accepted_path
+
 
 @dataclass
 class TurnResult:
@@ -36,40 +38,6 @@ class TurnResult:
 def greedy_targets(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The target's choice at every row: the argmax (positions are unused in greedy decoding)."""
     return logits.argmax(dim=-1)
-
-
-class TreeTensors:
-    """A draft tree's index tensors on the model's device, made once per tree (drafters reuse trees)."""
-
-    def __init__(self, tree: DraftTree, device: torch.device, dtype: torch.dtype):
-        n = len(tree)
-        self.depths = tree.depths.to(device)
-        self.ancestors = tree.ancestor_mask.to(device)
-        # additive mask block over the tree rows: 0 where a row sees a column, dtype-min elsewhere
-        self.bias = torch.zeros(tree.size, tree.size, dtype=dtype).masked_fill_(
-            ~tree.ancestor_mask, torch.finfo(dtype).min).to(device)
-        parents = torch.tensor(tree.parents, dtype=torch.long).reshape(n)
-        self.parents = parents.to(device)
-        # earlier_sibling[i, j]: node j+1 is an earlier child of node i+1's parent (the verifier
-        # follows the first matching sibling)
-        earlier = (parents[:, None] == parents[None, :]) & torch.ones(n, n, dtype=torch.bool).tril(-1)
-        self.earlier_sibling = earlier.to(device)
-        # at_depth[d, i]: node i sits at depth d; picks the accepted node of each depth
-        self.at_depth = (tree.depths[None, :] == torch.arange(tree.max_depth + 1)[:, None]).to(device)
-        self.node_ids = torch.arange(tree.size, device=device)
-
-
-def accepted_path(tt: TreeTensors, draft_tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """`accept_path` on the device: the accepted node at each depth (0 past the path's end).
-
-    A node is accepted when its token is its parent's target, no earlier sibling's is, and the same
-    holds for all its ancestors. Returns a (max_depth + 1,) tensor whose entry 0 is the root; the
-    accepted length is the number of non-zero entries after it."""
-    match = draft_tokens == targets[tt.parents]
-    first = match & ~(tt.earlier_sibling & match[None, :]).any(dim=1)
-    ok = torch.cat([first.new_ones(1), first])  # the root is always on the path
-    on_path = ~(tt.ancestors & ~ok[None, :]).any(dim=1)
-    return (tt.at_depth & on_path[None, :]).long().mul(tt.node_ids).amax(dim=1)
 
 
 class Engine:
@@ -94,23 +62,16 @@ class Engine:
     def tree_tensors(self, tree: DraftTree) -> TreeTensors:
         tt = self._trees.get(tree)
         if tt is None:
-            tt = self._trees[tree] = TreeTensors(tree, self.device, self.mask_dtype)
+            tt = self._trees[tree] = TreeTensors(tree, self.device)
         return tt
 
-    def _mask(self, bias: torch.Tensor, depths: torch.Tensor, cache_len: int):
-        """The 4-D additive mask (1, 1, rows, cache_len + rows) built on the device: every row sees
-        the cached prefix, and `bias` (rows x rows) says which new rows it sees. Same values as
-        `tree_attention_mask`."""
-        rows = bias.shape[0]
-        full = torch.zeros(1, 1, rows, cache_len + rows, dtype=self.mask_dtype, device=self.device)
-        full[0, 0, :, cache_len:] = bias
+    def _mask(self, visibility: torch.Tensor, depths: torch.Tensor, cache_len: int):
+        """The 4-D mask, built on the device; models mixing sliding and full layers get one per type."""
+        full = tree_attention_mask(visibility, depths, cache_len, self.mask_dtype)
         if self.sliding_window is None:
             return full
-        sliding = full.clone()
-        if cache_len > 0:  # a row at position p loses prefix positions j <= p - window
-            cols = torch.arange(cache_len, device=self.device)
-            gone = cols[None, :] <= (cache_len + depths)[:, None] - self.sliding_window
-            sliding[0, 0, :, :cache_len].masked_fill_(gone, torch.finfo(self.mask_dtype).min)
+        sliding = tree_attention_mask(visibility, depths, cache_len, self.mask_dtype,
+                                      sliding_window=self.sliding_window)
         return {"full_attention": full, "sliding_attention": sliding}
 
     @torch.inference_mode()
@@ -124,7 +85,7 @@ class Engine:
         else:
             tt = self.tree_tensors(draft.tree)
             ids = torch.cat([root_row, draft.tokens.to(dev)])
-            depths, bias = tt.depths, tt.bias
+            depths, vis = tt.depths, tt.ancestors
             if draft.n_extra:  # extra rows see what the drafter says; tree rows never see them
                 n, e = draft.tree.size, draft.n_extra
                 ids = torch.cat([ids, draft.extra_tokens.to(dev)])
@@ -132,10 +93,8 @@ class Engine:
                 vis = torch.zeros(n + e, n + e, dtype=torch.bool, device=dev)
                 vis[:n, :n] = tt.ancestors
                 vis[n:] = draft.extra_visibility.to(dev)
-                bias = torch.zeros(n + e, n + e, dtype=self.mask_dtype, device=dev).masked_fill_(
-                    ~vis, torch.finfo(self.mask_dtype).min)
             pos = cache_len + depths
-            mask = self._mask(bias, depths, cache_len)
+            mask = self._mask(vis, depths, cache_len)
         t0 = now(dev) if self.profile else 0.0
         out = self.model(
             input_ids=ids[None], position_ids=pos[None], past_key_values=cache, use_cache=True,

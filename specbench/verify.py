@@ -1,6 +1,12 @@
-"""Acceptance: which path of the draft tree the target model agrees with."""
+"""Acceptance: which path of the draft tree the target model agrees with.
+
+`accept_path` is the rule in plain Python; `accepted_path` computes the same on the model's device
+from a tree's precomputed index tensors (`TreeTensors`), so a step needs one small copy back.
+"""
 
 from __future__ import annotations
+
+import torch
 
 from specbench.tree import DraftTree
 
@@ -24,3 +30,34 @@ def accept_path(tree: DraftTree, draft_tokens: list[int], targets: list[int]) ->
                 break
         else:
             return accepted, want
+
+
+class TreeTensors:
+    """A draft tree's index tensors on the model's device, made once per tree (drafters reuse trees)."""
+
+    def __init__(self, tree: DraftTree, device: torch.device | str):
+        n = len(tree)
+        self.depths = tree.depths.to(device)
+        self.ancestors = tree.ancestor_mask.to(device)
+        parents = torch.tensor(tree.parents, dtype=torch.long).reshape(n)
+        self.parents = parents.to(device)
+        # earlier_sibling[i, j]: node j+1 is an earlier child of node i+1's parent (the verifier
+        # follows the first matching sibling)
+        earlier = (parents[:, None] == parents[None, :]) & torch.ones(n, n, dtype=torch.bool).tril(-1)
+        self.earlier_sibling = earlier.to(device)
+        # at_depth[d, i]: node i sits at depth d; picks the accepted node of each depth
+        self.at_depth = (tree.depths[None, :] == torch.arange(tree.max_depth + 1)[:, None]).to(device)
+        self.node_ids = torch.arange(tree.size, device=device)
+
+
+def accepted_path(tt: TreeTensors, draft_tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`accept_path` on the device: the accepted node at each depth (0 past the path's end).
+
+    A node is accepted when its token is its parent's target, no earlier sibling's is, and the same
+    holds for all its ancestors. Returns a (max_depth + 1,) tensor whose entry 0 is the root; the
+    accepted length is the number of non-zero entries after it."""
+    match = draft_tokens == targets[tt.parents]
+    first = match & ~(tt.earlier_sibling & match[None, :]).any(dim=1)
+    ok = torch.cat([first.new_ones(1), first])  # the root is always on the path
+    on_path = ~(tt.ancestors & ~ok[None, :]).any(dim=1)
+    return (tt.at_depth & on_path[None, :]).long().mul(tt.node_ids).amax(dim=1)

@@ -9,9 +9,9 @@ import torch
 from methods.ar import Autoregressive
 from methods.tr import TokenRecycling
 from specbench.drafter import Draft, Drafter
-from specbench.engine import Engine, TreeTensors, accepted_path
+from specbench.engine import Engine
 from specbench.tree import DraftTree, tree_attention_mask
-from specbench.verify import accept_path
+from specbench.verify import TreeTensors, accept_path, accepted_path
 
 
 def random_tree(rng: random.Random, n: int) -> DraftTree:
@@ -26,7 +26,7 @@ def test_device_verification_equals_accept_path():
         tokens = [rng.randrange(vocab) for _ in range(len(tree))]
         targets = [rng.randrange(vocab) for _ in range(tree.size)]
         want_path, want_bonus = accept_path(tree, tokens, targets)
-        tt = TreeTensors(tree, torch.device("cpu"), torch.float32)
+        tt = TreeTensors(tree, torch.device("cpu"))
         by_depth = accepted_path(tt, torch.tensor(tokens), torch.tensor(targets)).tolist()
         assert by_depth[0] == 0
         assert [a for a in by_depth[1:] if a] == want_path, trial
@@ -59,7 +59,7 @@ def test_device_masks_equal_tree_attention_mask(tiny_llama, window):
     tree = DraftTree((0, 0, 1, 1, 2))
     tt = engine.tree_tensors(tree)
     for cache_len in (0, 2, 9):
-        got = engine._mask(tt.bias, tt.depths, cache_len)
+        got = engine._mask(tt.ancestors, tt.depths, cache_len)
         full = got if window is None else got["full_attention"]
         ref = tree_attention_mask(tree.ancestor_mask, tree.depths, cache_len, torch.float32, "cpu")
         assert torch.equal(full, ref)
