@@ -25,6 +25,6 @@ mkdir -p "$OUT"
 python run.py -m temperature="$TEMPERATURES" method="$METHODS" task=spec_bench task.path="$QUESTIONS" \
   task.per_subtask=2 max_new_tokens=128 results_root="$OUT" cost_curve="$OUT/cost_curve.json" baseline="$BASELINE"
 
-python scripts/make_tables.py "$OUT" > "$OUT/tables.md"
+python scripts/make_tables.py "$OUT"   # writes tables.md, .tex, .csv and results.csv
 python scripts/plot.py "$OUT" --out "$OUT/plots"
 python scripts/run_notebook.py notebooks/results.ipynb --results "$OUT" --out "$OUT/results.ipynb"

@@ -55,7 +55,7 @@ for m in $METHODS; do
     cost_curve="$OUT/cost_curve.json" wandb.enabled=false progress=false || failed+=("$m")
 done
 
-python scripts/make_tables.py "$OUT" --out "$OUT" --published "" > "$OUT/tables.md" || failed+=("tables")
+python scripts/make_tables.py "$OUT" --out "$OUT" --published "" || failed+=("tables")
 cat "$OUT/tables.md"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu_sweep: failed or skipped: ${failed[*]}" >&2

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench import tables
+from specbench.lossless import tally
 from specbench.results import read_jsonl
 
 
@@ -95,10 +96,7 @@ def run_meta(run: Run) -> dict:
     if ident.get("per_subtask"):
         task = f"{task}-ps{ident['per_subtask']}"
     checks = [r["lossless"] for r in run.records if r.get("lossless", {}).get("status", "unchecked") != "unchecked"]
-    lossless = {"checked": len(checks), "exact": sum(c["status"] == "exact" for c in checks),
-                "numeric_ties": sum(c["status"] == "numeric_tie" for c in checks),
-                "mismatches": sum(c["status"] == "mismatch" for c in checks),
-                "lossy_differences": sum(c["status"] == "lossy_difference" for c in checks)}
+    lossless = tally(checks)
     return {
         "model": ident.get("model"), "task": task, "temperature": ident.get("temperature"),
         "top_k": ident.get("top_k", 0), "top_p": ident.get("top_p", 1.0),

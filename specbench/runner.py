@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from specbench import cost, lossless, metrics
 from specbench.chat import prompt_ids
@@ -45,8 +46,6 @@ def method_variant(cfg: dict) -> str:
     defaults_file = CONF_DIR / "method" / f"{name}.yaml"
     defaults = {}
     if defaults_file.is_file():
-        from omegaconf import OmegaConf
-
         defaults = OmegaConf.to_container(OmegaConf.load(defaults_file), resolve=True)
     changed = {k: v for k, v in sorted(method_params(cfg).items()) if defaults.get(k, object()) != v}
     if not changed:
