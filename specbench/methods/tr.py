@@ -332,13 +332,19 @@ class AdaptiveTokenRecycling(TokenRecycling):
             self.rates.next_step()
 
     # -- choosing --------------------------------------------------------------------------------
+    def _probabilities(self, bucket: int, conf: torch.Tensor | None) -> list[float]:
+        """p(v) for every template node, this step: from the confidences, else slot statistics."""
+        if conf is None:
+            return self.stats.probabilities(bucket)
+        rates = self.rates.rates()
+        c = conf.tolist()
+        q = [rates[self._cell(c[v], v, bucket)] for v in range(1, self.tree.size)]
+        return path_probabilities(self.tree.parents, q)
+
     def _nodes(self, bucket: int, conf: torch.Tensor | None) -> tuple[int, ...]:
         if conf is not None:  # per-step confidences: a fresh choice every step
-            rates = self.rates.rates()
-            c = conf.tolist()
-            q = [rates[self._cell(c[v], v, bucket)] for v in range(1, self.tree.size)]
-            return choose_nodes(path_probabilities(self.tree.parents, q), self.tree.parents,
-                                self.step_times, self.min_gain)
+            return choose_nodes(self._probabilities(bucket, conf), self.tree.parents, self.step_times,
+                                self.min_gain)
         version = self.stats.version[bucket]
         cached = self._choice.get(bucket)
         if cached is None or cached[0] != version:
@@ -356,7 +362,9 @@ class AdaptiveTokenRecycling(TokenRecycling):
                                            torch.tensor(nodes, dtype=torch.long, device=self.device))
         return hit
 
-    def propose(self, state: DecodeState) -> Draft | None:
+    def _prepare(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """Learn from what is now decided, then expand the whole template from the root:
+        (template tokens on the device, their confidences on the host or None, context bucket)."""
         seq = state.tokens
         if state.step == 0:  # a new turn: earlier steps' continuations are cut off, drop them
             self._pending.clear()
@@ -370,6 +378,10 @@ class AdaptiveTokenRecycling(TokenRecycling):
         host_conf = None if conf is None else conf.to("cpu")
         self._pending.append((seq.numel() - 1, host, host_conf, bucket))
         self._last = (seq.numel() - 1, host)
+        return tokens, host_conf, bucket
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        tokens, host_conf, bucket = self._prepare(state)
         nodes = self._nodes(bucket, host_conf)
         self._drafted = nodes
         if not nodes:
