@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 QUESTIONS=${QUESTIONS:-${SPECBENCH_QUESTIONS:-../shared/data/spec_bench/question.jsonl}}
 OUT=${OUT:-results/cpu}
-METHODS=${METHODS:-tr,tr_adaptive,pld,lookahead,rest,medusa}
+METHODS=${METHODS:-tr,tr_adaptive,tr_fused,pld,lookahead,rest,medusa}
 TEMPERATURES=${TEMPERATURES:-0}
 REPEATS=${REPEATS:-1,2,3}
 BASELINE=${BASELINE:-interleave}

@@ -11,6 +11,10 @@ settings and method) are shown as mean ± sample std. Where the model is one of 
 (vicuna-7b/13b/33b v1.3) and decoding is greedy, the published rows (TR paper table and Spec-Bench
 A100 board, results/published/) follow our rows, marked [source].
 
+Where a method ran in several variants (scripts/tr_ablations.sh), an ablation table per method
+follows: one row per variant (the settings that depart from the defaults), with MAT, speedup,
+speedup bound and rows per step.
+
 Also writes the sweep-level <root>/results.csv: one line per run directory.
 """
 
@@ -43,10 +47,14 @@ def main(argv=None) -> int:
         return 1
     rows = collect.run_rows(runs)
     published = collect.load_published(args.published) if args.published and Path(args.published).is_dir() else []
-    built = tables.build_tables(tables.aggregate(rows), published)
+    aggregated = tables.aggregate(rows)
+    built = tables.build_tables(aggregated, published)
     out = Path(args.out) if args.out else (root if root.is_dir() else root.parent)
     out.mkdir(parents=True, exist_ok=True)
     md = tables.to_markdown(built)
+    ablations = tables.ablation_markdown(tables.ablation_tables(aggregated))  # methods run in several variants
+    if ablations:
+        md += "\n" + ablations
     (out / "tables.md").write_text(md)
     (out / "tables.tex").write_text(tables.to_latex(built))
     (out / "tables.csv").write_text(tables.to_csv(built))

@@ -78,6 +78,7 @@ class Drafter:
     name = "base"
     lossless = True
     needs_hidden_states = False
+    needs_prompt_logits = False  # True: the engine passes every prompt row's logits to observe_prompt
 
     @classmethod
     def parameters(cls) -> dict:
@@ -129,6 +130,16 @@ class Drafter:
 
     def observe_prefill(self, last_hidden: torch.Tensor) -> None:
         """With needs_hidden_states: the last layer's hidden state at the prompt's last position."""
+
+    def observe_prompt(self, prompt: torch.Tensor, logits: torch.Tensor) -> None:
+        """With needs_prompt_logits: the prompt's tokens (CPU) and the target's logits at every
+        prompt row (rows, vocab; on the model's device), computed inside the timed prefill."""
+
+    def take_statistics(self) -> dict | None:
+        """What the drafter counted since the last call (counts and lists of counts, summable
+        across questions with benchmark.metrics.sum_statistics), then forget it. The runner stores
+        it with each question's answers; None: the method counts nothing."""
+        return None
 
     def observe(self, outcome: StepOutcome) -> None:
         """See the verification's results (logits at every row, accepted nodes)."""

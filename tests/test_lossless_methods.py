@@ -9,6 +9,8 @@ accepted, the tree branches, trained heads predict) is checked on the same gener
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from specbench.decoding.engine import Engine
@@ -25,7 +27,11 @@ GREEDY_TOKENS, SAMPLING_TOKENS = 32, 24
 
 # Settings of a method that take another code path than its defaults, checked as well.
 VARIANTS = {"tr_adaptive[slot_statistics]": ("tr_adaptive", {"confidence": False}),
-            "rest[all_prefixes]": ("rest", {"trie": "all_prefixes"})}
+            "rest[all_prefixes]": ("rest", {"trie": "all_prefixes"}),
+            # the research kit's ablations: update rule and prefill rows, and the tuned template
+            "tr[accepted,prefill]": ("tr", {"update": "accepted", "prefill_update": True}),
+            "tr[tuned_tree]": ("tr", {"tree": str(Path(__file__).resolve().parents[1] / "data/trees/smollm2-135m-cpu.json")}),
+            "tr_fused[retrieval_only]": ("tr_fused", {"matrix": False})}
 CASES = {m: (m, {}) for m in available_methods() if m != "ar"} | VARIANTS
 
 
@@ -42,6 +48,9 @@ def _greedy_property(name: str, drafter, outs) -> None:
         assert sum(lengths) - len(lengths) > drafter.stats["stand_in_accepted"]
     if name == "rest":  # more rows than one 10-token chain: the retrieved continuations form a tree
         assert any(r > 12 for o in outs for r in o.step_rows)
+    if name == "tr_fused":  # both sources reach the accepted path
+        s = drafter.take_statistics()
+        assert s["accepted_from_matrix"] + s["accepted_from_both"] > 0 and s["retrieval_steps"] > 0
 
 
 @pytest.mark.parametrize("temperature", TEMPERATURES)

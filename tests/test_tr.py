@@ -59,3 +59,93 @@ def test_impossible_settings():
         TokenRecycling(vocab_size=10, tree=[[0]])
     with pytest.raises(FileNotFoundError, match="tree template"):
         TokenRecycling(vocab_size=10, tree="nope.json")
+
+
+def _outcome(tr, root, draft, logits, accepted, emitted):
+    return StepOutcome(draft=draft, root=root, logits=logits, accepted=accepted, bonus=emitted[-1],
+                       emitted=emitted)
+
+
+def test_update_accepted_writes_only_the_accepted_path():
+    tr = TokenRecycling(vocab_size=10, k=2, tree=[[2], [1, 0]], update="accepted")
+    draft = tr.propose(DecodeState(tokens=torch.tensor([3]), prompt_len=1, step=0))
+    draft.tokens = torch.tensor([5, 6, 9])  # nodes 1, 2 under the root; node 3 under node 1
+    logits = torch.zeros(4, 10)
+    logits[0, [5, 2]] = torch.tensor([2.0, 1.0])  # root 3 -> [5, 2]: node 1 (token 5) accepted
+    logits[1, [9, 0]] = torch.tensor([5.0, 4.0])  # 5 -> [9, 0]: node 3 (token 9) accepted
+    logits[2, [8, 7]] = torch.tensor([3.0, 2.0])  # 6: not on the path
+    logits[3, [6, 4]] = torch.tensor([9.0, 1.0])  # 9 -> [6, 4]
+    tr.observe(_outcome(tr, 3, draft, logits, accepted=[1, 3], emitted=[5, 9, 6]))
+    assert tr.matrix[3].tolist() == [5, 2]
+    assert tr.matrix[5].tolist() == [9, 0]
+    assert tr.matrix[9].tolist() == [6, 4]
+    assert tr.matrix[6].tolist() == [0, 0]  # node 2's row was verified but not accepted
+
+
+def test_prefill_update_writes_a_row_per_prompt_token_last_occurrence_wins():
+    tr = TokenRecycling(vocab_size=10, k=2, tree=[[1]], prefill_update=True)
+    assert tr.needs_prompt_logits
+    logits = torch.zeros(3, 10)
+    logits[0, [1, 2]] = torch.tensor([2.0, 1.0])
+    logits[1, [3, 4]] = torch.tensor([2.0, 1.0])
+    logits[2, [5, 6]] = torch.tensor([2.0, 1.0])
+    tr.observe_prompt(torch.tensor([7, 8, 7]), logits)
+    assert tr.matrix[7].tolist() == [5, 6] and tr.matrix[8].tolist() == [3, 4]
+    assert TokenRecycling(vocab_size=10, k=2, tree=[[1]]).needs_prompt_logits is False
+    with pytest.raises(ValueError, match="method.update must be one of all_rows, accepted"):
+        TokenRecycling(vocab_size=10, update="sometimes")
+
+
+def test_statistics_count_nodes_and_the_roots_matrix_row():
+    tr = TokenRecycling(vocab_size=10, k=2, tree=[[2], [1, 0]])
+    logits = torch.zeros(4, 10)
+    logits[:, 5] = 1.0  # every row's top-1 is 5
+    # step 1: root 3's row never written; target chose 5, node 1 carried token 0: nothing accepted
+    d = tr.propose(DecodeState(tokens=torch.tensor([3]), prompt_len=1, step=0))
+    tr.observe(_outcome(tr, 3, d, logits, accepted=[], emitted=[5]))
+    # step 2: root 3 again, its row now written (rank 0 = 5), and the target chose 5: node 1
+    d = tr.propose(DecodeState(tokens=torch.tensor([3, 3]), prompt_len=1, step=1))
+    assert d.tokens.tolist()[0] == 5
+    tr.observe(_outcome(tr, 3, d, logits, accepted=[1], emitted=[5, 5]))
+    s = tr.take_statistics()
+    assert s["tree"] == [[2], [1, 0]]
+    assert s["steps"] == 2 and s["node_hits"] == [1, 0, 0] and s["node_drafted"] == [2, 2, 2]
+    assert s["depth_hits"] == [1, 0]
+    assert s["root_row_unwritten"] == 1 and s["root_rank0_hits"] == 1
+    assert tr.take_statistics()["steps"] == 0  # taken means forgotten
+
+
+def test_prompt_logits_from_the_engine_are_the_models_and_tokens_stay_exact(tiny_llama):
+    from specbench.decoding.engine import Engine
+    from specbench.methods.ar import Autoregressive
+
+    prompt = [5, 17, 3, 17, 42, 8]
+    seen = {}
+
+    class Spy(TokenRecycling):
+        def observe_prompt(self, prompt_ids, logits):
+            seen["ids"], seen["logits"] = prompt_ids.clone(), logits.clone()
+            super().observe_prompt(prompt_ids, logits)
+
+    engine = Engine(tiny_llama, eos_token_ids=[])
+    tr = Spy(vocab_size=97, k=4, tree=[[2], [1, 1]], prefill_update=True)
+    out = engine.generate(prompt, tr, 12)
+    ar = engine.generate(prompt, Autoregressive(), 12)
+    assert out.tokens == ar.tokens
+    full = tiny_llama(input_ids=torch.tensor([prompt])).logits[0]
+    assert seen["ids"].tolist() == prompt
+    torch.testing.assert_close(seen["logits"], full, rtol=1e-4, atol=1e-4)
+
+
+def test_adaptive_statistics_name_template_nodes():
+    from specbench.hardware.cost import CostCurve
+    from specbench.methods.tr import AdaptiveTokenRecycling
+
+    curve = CostCurve(widths=[1, 2, 3, 4], times=[1.0, 1.0, 1.0, 1.0], device="cpu", dtype="float32")
+    tr = AdaptiveTokenRecycling(vocab_size=10, k=2, tree=[[2], [1, 0]], cost_curve=curve, confidence=False)
+    tr._drafted = (1, 3)  # the chooser picked template nodes 1 and 3: sub-tree nodes 1 and 2
+    from specbench.decoding.tree import DraftTree
+    d = __import__("specbench.drafter", fromlist=["Draft"]).Draft(tokens=torch.tensor([5, 5]), tree=DraftTree([0, 1]))
+    tr.observe(_outcome(tr, 3, d, torch.zeros(3, 10), accepted=[1, 2], emitted=[5, 5, 0]))
+    s = tr.take_statistics()
+    assert s["node_hits"] == [1, 0, 1] and s["node_drafted"] == [1, 0, 1]

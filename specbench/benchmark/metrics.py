@@ -48,3 +48,32 @@ def speedup(method: list[dict], baseline: list[dict], decode_only: bool = False)
     for sub in sorted({p[0]["subtask"] for p in pairs} - set(SUBTASKS)):
         out[sub] = ratio([p for p in pairs if p[0]["subtask"] == sub])
     return out
+
+
+def rows_per_step(records: list[dict]) -> float:
+    """Mean rows per verification forward (root + draft rows + extra rows), pooled over steps."""
+    rows = [w for r in records for t in r["turns"] for w in t.get("step_rows", [])]
+    return mean(rows) if rows else 0.0
+
+
+def sum_statistics(stats: list[dict | None]) -> dict | None:
+    """Drafter statistics of many questions, summed: numbers add, lists of numbers add element by
+    element, anything else (a template, a label) must agree and is kept once."""
+    stats = [s for s in stats if s]
+    if not stats:
+        return None
+    out = dict(stats[0])
+    for s in stats[1:]:
+        for k, v in s.items():
+            if k not in out:
+                out[k] = v
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = out[k] + v
+            elif isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v):
+                if len(v) != len(out[k]):
+                    raise ValueError(f"statistics '{k}' have lengths {len(out[k])} and {len(v)}: "
+                                     f"runs with different trees cannot be summed")
+                out[k] = [a + b for a, b in zip(out[k], v)]
+            elif out[k] != v:
+                raise ValueError(f"statistics '{k}' differ between questions ({out[k]!r} vs {v!r})")
+    return out

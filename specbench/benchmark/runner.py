@@ -119,8 +119,12 @@ def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str,
             "wall_time": r.wall_time, "prefill_time": r.prefill_time, "decoding_steps": r.decoding_steps,
             "accept_lengths": r.accept_lengths, "step_rows": r.step_rows,
         })
-    return {"question_id": q.question_id, "category": q.category, "subtask": q.subtask,
-            "method": drafter.name, "turns": turns}
+    rec = {"question_id": q.question_id, "category": q.category, "subtask": q.subtask,
+           "method": drafter.name, "turns": turns}
+    stats = drafter.take_statistics()  # what the drafter counted on this question (TR: per node)
+    if stats:
+        rec["drafter_stats"] = stats
+    return rec
 
 
 def _stored(record: dict) -> dict:
@@ -159,6 +163,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "tokens_per_s": metrics.tokens_per_s(records),
         "decode_tokens_per_s": metrics.tokens_per_s(records, decode_only=True),
         "mat": metrics.mat(records),
+        "rows_per_step": metrics.rows_per_step(records),
         "subtask_mat": {s: metrics.mat([r for r in records if r["subtask"] == s])
                         for s in SUBTASKS if any(r["subtask"] == s for r in records)},
         "baseline": cfg["baseline"],
@@ -173,6 +178,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "lossless": lossless.tally(checks),
         "lossless_details": [dict(r["lossless"], question_id=r["question_id"]) for r in records
                              if r.get("lossless", {}).get("status", "exact") not in ("exact", "unchecked")],
+        "drafter_stats": metrics.sum_statistics([r.get("drafter_stats") for r in records]),
         "warmup": cfg["warmup"], "warmup_on": cfg.get("warmup_on", "builtin"),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__},

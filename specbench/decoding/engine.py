@@ -135,6 +135,7 @@ class Engine:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         dev = self.device
         want_hidden = drafter.needs_hidden_states
+        want_prompt = drafter.needs_prompt_logits
         buf = torch.empty(len(prompt_ids) + max_new_tokens + 1, dtype=torch.long)
         buf[: len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long)
         cur = len(prompt_ids)
@@ -143,9 +144,14 @@ class Engine:
         cache = DynamicCache()
         out = self.model(
             input_ids=buf[:cur][None].to(dev), past_key_values=cache, use_cache=True,
-            logits_to_keep=1, output_hidden_states=want_hidden,
+            logits_to_keep=1, output_hidden_states=want_hidden or want_prompt,
         )
         first = int(torch.as_tensor(select(out.logits[0, -1:], torch.full((1,), cur - 1, device=dev)))[0])
+        if want_prompt:  # the earlier rows' logits from their hidden states (post-norm), so the last
+            # row, which chose the first token, stays exactly the one plain decoding computes
+            head = self.model.get_output_embeddings()
+            rows = torch.cat([head(out.hidden_states[-1][0, :-1]), out.logits[0, -1:]])
+            drafter.observe_prompt(buf[:cur], rows)
         t_prefill = now(dev) - t0
         if want_hidden:
             drafter.observe_prefill(out.hidden_states[-1][0, -1:])

@@ -58,12 +58,13 @@ def best_size(sorted_p: Sequence[float], step_times: Sequence[float], min_gain: 
 
 
 def choose_nodes(p: Sequence[float], parents: Sequence[int], step_times: Sequence[float],
-                 min_gain: float = 0.0) -> tuple[int, ...]:
-    """The node ids (1-based, ascending) of the sub-tree with the best expected tokens per second.
+                 min_gain: float = 0.0, max_nodes: int | None = None) -> tuple[int, ...]:
+    """The node ids (1-based, ascending) of the sub-tree with the best expected tokens per second,
+    `max_nodes` at most.
 
     Empty means a plain step. p is made monotone first, so the chosen set is parent-closed."""
     q = monotone_down(p, parents)
-    order = sorted(range(len(q)), key=lambda i: (-q[i], i))
+    order = sorted(range(len(q)), key=lambda i: (-q[i], i))[:max_nodes]
     m = best_size([q[i] for i in order], step_times, min_gain)
     return tuple(sorted(i + 1 for i in order[:m]))
 

@@ -19,7 +19,13 @@ from specbench.decoding.tree import DraftTree
 
 
 def find_candidate(seq: torch.Tensor, max_ngram_size: int = 3, num_pred_tokens: int = 10) -> torch.Tensor | None:
-    """The reference `find_candidate_pred_tokens` on a 1-D sequence, or None when nothing matches.
+    """The reference `find_candidate_pred_tokens` on a 1-D sequence, or None when nothing matches."""
+    match = find_match(seq, max_ngram_size, num_pred_tokens)
+    return None if match is None else match[0]
+
+
+def find_match(seq: torch.Tensor, max_ngram_size: int = 3, num_pred_tokens: int = 10) -> tuple[torch.Tensor, int] | None:
+    """(the tokens that followed the match, the matched n-gram's size n), or None.
 
     As in the reference (and Spec-Bench), a window at index i qualifies when
     i + n + num_pred_tokens <= len(seq) and i + n < len(seq) - n (not the query itself)."""
@@ -34,7 +40,7 @@ def find_candidate(seq: torch.Tensor, max_ngram_size: int = 3, num_pred_tokens: 
         idx = int(hit.to(torch.uint8).argmax())
         if hit[idx]:
             start = idx + n
-            return seq[start : start + num_pred_tokens]
+            return seq[start : start + num_pred_tokens], n
     return None
 
 

@@ -4,6 +4,11 @@ After every verification forward, the top-k tokens the model predicted at each r
 matrix row of that row's token. Drafting expands a static tree template from the root: the r-th
 child of a node is rank r of its token's row. The matrix survives across questions (hot start).
 
+Ablations (each a method.<name>= setting): `update=accepted` writes only the rows on the accepted
+path (the root's and the accepted nodes'); `prefill_update=true` also writes a row for every prompt
+token from the prefill's logits; `cold_start`, `k` and `tree` as named. Every run counts where in
+the template acceptance happens (specbench/methods/tr_statistics.py).
+
 `tr_adaptive` drafts, each step, the sub-tree of the template that the hardware's cost curve and
 running acceptance estimates say is worth its forward (possibly none); the chooser's math is in
 specbench/hardware/goodput.py.
@@ -24,6 +29,7 @@ from specbench.hardware.goodput import (AcceptanceStats, RateTable, check_decay,
                                path_probabilities, prior_probabilities, subtree_parents)
 from specbench.registry import register
 from specbench.decoding.tree import DraftTree
+from specbench.methods.tr_statistics import RecyclingStatistics
 
 # The published template "2.2.2": child counts per node, depth by depth, breadth-first.
 # 80 draft nodes, depth 6, nodes per depth 8, 21, 25, 15, 8, 3.
@@ -78,12 +84,25 @@ def template_tree(tree, k: int) -> DraftTree:
     return template
 
 
+UPDATE_RULES = ("all_rows", "accepted")
+
+
+def check_update(update: str) -> None:
+    if update not in UPDATE_RULES:
+        raise SettingsError(f"method.update must be one of {', '.join(UPDATE_RULES)} (all_rows: the paper, "
+                            f"every verified row; accepted: the accepted path only), got {update!r}")
+
+
 @register("tr")
 class TokenRecycling(Drafter):
     def __init__(self, vocab_size: int, k: int = 8, tree="published", cold_start: bool = False,
+                 update: str = "all_rows", prefill_update: bool = False,
                  device: str | torch.device = "cpu", **_):
+        check_update(update)
         self.k = k
         self.cold_start = cold_start
+        self.update = update
+        self.needs_prompt_logits = bool(prefill_update)
         self.tree = template_tree(tree, k)
         ranks = self.tree.sibling_rank()
         self.device = torch.device(device)
@@ -97,19 +116,29 @@ class TokenRecycling(Drafter):
             self._levels.append((idx, parents[idx], rank[idx]))
         # int32 suffices for any vocabulary; the matrix is vocab x k (under 2 MB for 50k x 8).
         self.matrix = torch.zeros(vocab_size, k, dtype=torch.int32, device=self.device)
+        self.written = torch.zeros(vocab_size, dtype=torch.bool, device=self.device)
+        self.statistics = RecyclingStatistics(self.tree, self.device)
+        self._drafted: tuple[int, ...] | None = None  # template nodes drafted this step (None: all)
 
     @classmethod
     def check_settings(cls, params: dict, target: dict) -> dict:
         p = super().check_settings(params, target)
         template_tree(p["tree"], p["k"])
+        check_update(p["update"])
         return p
 
     def start_question(self) -> None:
         if self.cold_start:
             self.matrix.zero_()
+            self.written.zero_()
 
     def reset(self) -> None:
         self.matrix.zero_()
+        self.written.zero_()
+        self.statistics.take()
+
+    def take_statistics(self) -> dict:
+        return self.statistics.take()
 
     def expand(self, root: int) -> torch.Tensor:
         """The token of every template node, root first: (tree.size,) on the drafter's device."""
@@ -123,18 +152,45 @@ class TokenRecycling(Drafter):
         return Draft(tokens=self.expand(int(state.tokens[-1]))[1:], tree=self.tree)
 
     def observe(self, outcome: StepOutcome) -> None:
+        self._count(outcome)
         self._recycle(outcome)
 
-    def _recycle(self, outcome: StepOutcome):
-        """Overwrite the matrix row of every verified row's token with that row's top-k; returns
-        the row tokens and the top-k (values, indices)."""
+    def observe_prompt(self, prompt: torch.Tensor, logits: torch.Tensor) -> None:
+        """prefill_update: a row for every prompt token; a token seen twice keeps its last row."""
+        last = {t: i for i, t in enumerate(prompt.tolist())}
+        at = torch.tensor(list(last.values()), dtype=torch.long, device=logits.device)
+        self._write(torch.tensor(list(last), dtype=torch.long, device=self.device), logits[at])
+
+    def _count(self, outcome: StepOutcome) -> None:
+        """Per-node and matrix statistics, before the matrix learns from this step."""
+        accepted = outcome.accepted
+        if self._drafted is not None and accepted:  # sub-tree ids -> template ids
+            accepted = [self._drafted[a - 1] for a in accepted]
+        root = outcome.root
+        self.statistics.record(accepted, self._drafted if outcome.draft is not None else (),
+                               self.written[root], self.matrix[root, 0] == (outcome.emitted or [outcome.bonus])[0])
+
+    def _recycle(self, outcome: StepOutcome) -> None:
+        """Overwrite the matrix rows of this step's verified tokens with their rows' top-k: every row
+        (update=all_rows, the paper) or the accepted path's (update=accepted)."""
         draft = outcome.draft
-        row_tokens = torch.full((1,), outcome.root, dtype=torch.long, device=self.device)
-        if draft is not None:
-            row_tokens = torch.cat([row_tokens, draft.tokens.to(self.device)])
-        top = outcome.logits[: row_tokens.numel()].topk(self.k, dim=-1)
-        self.matrix[row_tokens] = top.indices.to(device=self.device, dtype=torch.int32)
-        return row_tokens, top
+        root = torch.full((1,), outcome.root, dtype=torch.long, device=self.device)
+        if draft is None:
+            self._write(root, outcome.logits[:1])
+        elif self.update == "all_rows":
+            tokens = torch.cat([root, draft.tokens.to(self.device)])
+            self._write(tokens, outcome.logits[: tokens.numel()])
+        else:
+            rows = torch.tensor([0, *outcome.accepted], dtype=torch.long, device=outcome.logits.device)
+            tokens = torch.cat([root, draft.tokens.to(self.device)])[rows.to(self.device)]
+            self._write(tokens, outcome.logits[rows])
+
+    def _write(self, tokens: torch.Tensor, logits: torch.Tensor):
+        """Rows `tokens` of the matrix <- the top-k of `logits` (one row each); returns the top-k."""
+        top = logits.topk(self.k, dim=-1)
+        self.matrix[tokens] = top.indices.to(device=self.device, dtype=torch.int32)
+        self.written[tokens] = True
+        return top
 
 
 @register("tr_adaptive")
@@ -166,11 +222,13 @@ class AdaptiveTokenRecycling(TokenRecycling):
     BINS = 10  # confidence bins of width 0.1, plus one for entries never written
 
     def __init__(self, vocab_size: int, k: int = 8, tree="published", cold_start: bool = False,
+                 update: str = "all_rows", prefill_update: bool = False,
                  device: str | torch.device = "cpu", cost_curve=None, min_gain: float = 0.05,
                  confidence="auto", half_life: float | None = None, prior_steps: float | None = None,
                  prior_per_depth: float = 0.5, context_buckets: bool = True, model=None,
                  model_name: str = "", dtype_name: str | None = None, hardware_curve=None, **_):
-        super().__init__(vocab_size, k=k, tree=tree, cold_start=cold_start, device=device)
+        super().__init__(vocab_size, k=k, tree=tree, cold_start=cold_start, update=update,
+                         prefill_update=prefill_update, device=device)
         # method.cost_curve, else the curve the runner measured or loaded, else one for the model
         self.curve = resolve_curve(cost_curve or hardware_curve, model, model_name, dtype_name)
         self.step_times = self.curve.table(self.tree.size)  # t(w) for w = 1 .. template rows
@@ -274,13 +332,19 @@ class AdaptiveTokenRecycling(TokenRecycling):
             self.rates.next_step()
 
     # -- choosing --------------------------------------------------------------------------------
+    def _probabilities(self, bucket: int, conf: torch.Tensor | None) -> list[float]:
+        """p(v) for every template node, this step: from the confidences, else slot statistics."""
+        if conf is None:
+            return self.stats.probabilities(bucket)
+        rates = self.rates.rates()
+        c = conf.tolist()
+        q = [rates[self._cell(c[v], v, bucket)] for v in range(1, self.tree.size)]
+        return path_probabilities(self.tree.parents, q)
+
     def _nodes(self, bucket: int, conf: torch.Tensor | None) -> tuple[int, ...]:
         if conf is not None:  # per-step confidences: a fresh choice every step
-            rates = self.rates.rates()
-            c = conf.tolist()
-            q = [rates[self._cell(c[v], v, bucket)] for v in range(1, self.tree.size)]
-            return choose_nodes(path_probabilities(self.tree.parents, q), self.tree.parents,
-                                self.step_times, self.min_gain)
+            return choose_nodes(self._probabilities(bucket, conf), self.tree.parents, self.step_times,
+                                self.min_gain)
         version = self.stats.version[bucket]
         cached = self._choice.get(bucket)
         if cached is None or cached[0] != version:
@@ -298,7 +362,9 @@ class AdaptiveTokenRecycling(TokenRecycling):
                                            torch.tensor(nodes, dtype=torch.long, device=self.device))
         return hit
 
-    def propose(self, state: DecodeState) -> Draft | None:
+    def _prepare(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """Learn from what is now decided, then expand the whole template from the root:
+        (template tokens on the device, their confidences on the host or None, context bucket)."""
         seq = state.tokens
         if state.step == 0:  # a new turn: earlier steps' continuations are cut off, drop them
             self._pending.clear()
@@ -312,7 +378,12 @@ class AdaptiveTokenRecycling(TokenRecycling):
         host_conf = None if conf is None else conf.to("cpu")
         self._pending.append((seq.numel() - 1, host, host_conf, bucket))
         self._last = (seq.numel() - 1, host)
+        return tokens, host_conf, bucket
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        tokens, host_conf, bucket = self._prepare(state)
         nodes = self._nodes(bucket, host_conf)
+        self._drafted = nodes
         if not nodes:
             self.plain_steps += 1
             return None
@@ -320,8 +391,9 @@ class AdaptiveTokenRecycling(TokenRecycling):
         tree, index = self._subtree(nodes)
         return Draft(tokens=tokens[index], tree=tree)
 
-    def observe(self, outcome: StepOutcome) -> None:
-        rows, top = self._recycle(outcome)
+    def _write(self, tokens: torch.Tensor, logits: torch.Tensor):
+        top = super()._write(tokens, logits)
         if self.confidence:  # the model's probability of each recycled candidate, kept beside it
-            logits = outcome.logits[: rows.numel()].float()
-            self.probs[rows] = (top.values.float() - logits.logsumexp(dim=-1, keepdim=True)).exp()
+            logits = logits.float()
+            self.probs[tokens] = (top.values.float() - logits.logsumexp(dim=-1, keepdim=True)).exp()
+        return top

@@ -159,19 +159,30 @@ def load_published(directory: str | Path) -> list[dict]:
 
 def frames(runs: list[Run]) -> dict:
     """DataFrames: 'runs' (one row per run), 'questions' (per question of each run, in run order,
-    with the AR reference speed), 'accepts' (every decoding step's accepted length)."""
+    with the AR reference speed), 'accepts' (every decoding step's accepted length), 'nodes' (per
+    run and draft-tree template node, where the drafter records them (TR): depth, rank, parent,
+    times drafted and times on the accepted path)."""
     import pandas as pd
 
     from specbench.benchmark import metrics
+    from specbench.decoding.tree import DraftTree
 
     rows = run_rows(runs)
     by_path = {r["path"]: r for r in rows}
-    q_rows, a_rows = [], []
+    q_rows, a_rows, n_rows = [], [], []
     for run in runs:
         if str(run.path) not in by_path:
             continue
         meta = {k: by_path[str(run.path)][k] for k in (*tables.TABLE_KEYS, "method", "repeat", "path")}
         meta["method_params"] = tables.params_key(by_path[str(run.path)].get("method_params"))
+        stats = metrics.sum_statistics([r.get("drafter_stats") for r in run.records])
+        if stats and "node_hits" in stats:
+            tree = DraftTree.from_children_counts(stats["tree"])
+            depths, ranks = tree.depths.tolist(), tree.sibling_rank()
+            for v, (par, h, d) in enumerate(zip(tree.parents, stats["node_hits"], stats["node_drafted"]), start=1):
+                n_rows.append(dict(meta, node=v, parent=par, depth=depths[v], rank=ranks[v - 1], hits=h,
+                                   drafted=d, steps=stats["steps"], root_row_unwritten=stats["root_row_unwritten"],
+                                   root_rank0_hits=stats["root_rank0_hits"]))
         base = {b["question_id"]: b for b in run.baseline}
         for i, r in enumerate(run.records):
             speed = metrics.question_speed(r)
@@ -190,4 +201,5 @@ def frames(runs: list[Run]) -> dict:
     runs_df = pd.DataFrame(rows)
     if len(runs_df):
         runs_df["method_params"] = runs_df["method_params"].map(tables.params_key)
-    return {"runs": runs_df, "questions": pd.DataFrame(q_rows), "accepts": pd.DataFrame(a_rows)}
+    return {"runs": runs_df, "questions": pd.DataFrame(q_rows), "accepts": pd.DataFrame(a_rows),
+            "nodes": pd.DataFrame(n_rows)}

@@ -5,11 +5,15 @@ specbench.report.collect.frames and returns a Figure; ``save_all`` writes PNG an
 - MAT per method;
 - distribution of accepted lengths per method (share of decoding steps);
 - tokens/s over the run (each question's speed in run order; AR reference dotted);
-- overall speedup against temperature, per method.
+- overall speedup against temperature, per method;
+- per-node acceptance of a draft-tree template (TR): the tree, each node coloured by how often it
+  was on the accepted path when drafted, beside acceptance per depth and the matrix statistics.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -168,6 +172,46 @@ def speedup_vs_temperature(runs, title: str | None = None):
     return fig
 
 
+def node_acceptance(nodes, title: str | None = None):
+    """One template's per-node acceptance (repeats summed): the tree, root at the top, each node
+    coloured by hits / drafted; right, the share of steps accepting at each depth."""
+    g = nodes.groupby("node").agg(parent=("parent", "first"), depth=("depth", "first"), hits=("hits", "sum"),
+                                  drafted=("drafted", "sum")).sort_index()
+    runs = nodes.drop_duplicates("path")
+    steps = int(runs["steps"].sum())
+    unwritten, rank0 = runs["root_row_unwritten"].sum() / max(steps, 1), runs["root_rank0_hits"].sum() / max(steps, 1)
+    rate = (g["hits"] / g["drafted"].where(g["drafted"] > 0)).fillna(0.0)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 1]})
+    pos = {0: (0.0, 0.0)}
+    for d, level in g.groupby("depth"):
+        for i, v in enumerate(level.index):
+            pos[v] = (i - (len(level) - 1) / 2, -float(d))
+    for v, par in g["parent"].items():
+        (x0, y0), (x1, y1) = pos[par], pos[v]
+        ax.plot([x0, x1], [y0, y1], color="lightgrey", lw=0.8, zorder=1)
+    xs, ys = zip(*(pos[v] for v in g.index))
+    sc = ax.scatter(xs, ys, c=rate.values, cmap="viridis", vmin=0, vmax=max(float(rate.max()), 1e-9),
+                    s=90, edgecolors="black", linewidths=0.3, zorder=2)
+    ax.scatter([0], [0], c="black", s=90, zorder=2)
+    for v in g.index:
+        if rate[v] >= 0.005:
+            ax.annotate(f"{100 * rate[v]:.0f}", pos[v], fontsize=5, ha="center", va="center",
+                        color="white" if rate[v] < 0.6 * rate.max() else "black", zorder=3)
+    fig.colorbar(sc, ax=ax, fraction=0.03, pad=0.01, label="accepted when drafted")
+    ax.set_yticks([-d for d in range(int(g["depth"].max()) + 1)], [str(d) for d in range(int(g["depth"].max()) + 1)])
+    ax.set_ylabel("depth")
+    ax.set_xticks([])
+    ax.set_title(title or "Per-node acceptance", fontsize=9)
+    per_depth = g.groupby("depth")["hits"].sum() / max(steps, 1)
+    ax2.barh(-per_depth.index.values, per_depth.values, color="tab:green")
+    ax2.set_yticks(-per_depth.index.values, [str(d) for d in per_depth.index])
+    ax2.set_xlabel("share of steps accepting a node at depth")
+    ax2.set_title(f"{steps} steps; root row never written {100 * unwritten:.0f}%;\n"
+                  f"root row's rank 0 = target's token {100 * rank0:.0f}%", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def save(fig, out_dir: Path, name: str, formats=("png", "pdf")) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     for fmt in formats:
@@ -193,6 +237,15 @@ def save_all(fr: dict, out_dir: str | Path, formats=("png", "pdf")) -> dict:
         if len(qs):
             written[f"tokens_over_run__{s}"] = save(tokens_over_run(qs[qs["path"].isin(paths)], f"tokens/s over the run\n{t}"),
                                                     out_dir, f"tokens_over_run__{s}", formats)
+    nodes = fr.get("nodes")
+    if nodes is not None and len(nodes):
+        for key, sub in _groups(nodes, (*tables.TABLE_KEYS, "method", "method_params")):
+            r = sub.iloc[0]
+            variant = "" if r["method_params"] == "{}" else "_" + hashlib.blake2b(
+                r["method_params"].encode(), digest_size=3).hexdigest()
+            name = f"node_acceptance__{r['method']}{variant}__{slug(r)}"
+            label = r["method"] + ("" if not variant else f" ({tables.variant_label(r['method'], json.loads(r['method_params']))})")
+            written[name] = save(node_acceptance(sub, f"{label}\n{_title(sub)}"), out_dir, name, formats)
     no_temp = [k for k in tables.TABLE_KEYS if k != "temperature"]
     for key, sub in _groups(runs, no_temp):
         s = slug(sub.iloc[0], temperature=False)

@@ -46,6 +46,7 @@ def run_row(meta: dict, records: list[dict], baseline: list[dict]) -> dict:
     row = dict(meta)
     row["questions"] = len(records)
     row["mat"] = metrics.mat(records) if records else None
+    row["rows_per_step"] = metrics.rows_per_step(records) if records else None
     row["tokens_per_s"] = metrics.tokens_per_s(records) if records else None
     # decode-only needs prefill times, which runs imported from Spec-Bench answer files lack
     decode = all("prefill_time" in t for r in (*records, *baseline) for t in r["turns"])
@@ -95,7 +96,8 @@ def aggregate(rows: list[dict]) -> list[dict]:
         agg = {k: first.get(k) for k in (*TABLE_KEYS, "method", "method_params")}
         agg["n"] = len(rs)
         agg["repeats"] = sorted(r.get("repeat") or 0 for r in rs)
-        for k in (*VALUE_KEYS, "decode_speedup", "baseline_tokens_per_s", "questions"):
+        for k in (*VALUE_KEYS, "decode_speedup", "baseline_tokens_per_s", "questions", "rows_per_step",
+                  "speedup_bound"):
             agg[k], agg[f"{k}_std"] = _stats([r.get(k) for r in rs])
         tallies = [r.get("lossless") for r in rs if r.get("lossless")]
         agg["lossless"] = ({k: sum(t.get(k, 0) for t in tallies) for k in tallies[0]} if tallies else None)
@@ -120,6 +122,29 @@ def method_labels(rows: list[dict]) -> dict[tuple, str]:
                 label += " (" + ", ".join(f"{k}={params[k]}" for k in differing) + ")"
             labels[repeat_key(r)] = label
     return labels
+
+
+def variant_label(method: str, params: dict | None) -> str:
+    """The settings in which a variant departs from its method's defaults, briefly: 'update=accepted,
+    tree=smollm2-135m-cpu.json' ('defaults' when none; a file path by its name, an inline list as [..])."""
+    from specbench.registry import drafter_class
+
+    from specbench.errors import SettingsError
+
+    try:
+        defaults = drafter_class(method).parameters()
+    except SettingsError:  # an imported method (Spec-Bench answer files): every setting is shown
+        defaults = {}
+    parts = []
+    for k, v in sorted((params or {}).items()):
+        if k in defaults and defaults[k] == v:
+            continue
+        if isinstance(v, (list, dict)):
+            v = "[..]"
+        elif isinstance(v, str) and ("/" in v or v.endswith(".json")):
+            v = v.rsplit("/", 1)[-1]
+        parts.append(f"{k}={v}")
+    return ", ".join(parts) or "defaults"
 
 
 def _method_rank(method: str) -> int:
@@ -299,3 +324,49 @@ def to_csv(tables: list[dict]) -> str:
     for rec in to_csv_rows(tables):
         w.writerow({k: ("" if v is None else v) for k, v in rec.items()})
     return buf.getvalue()
+
+
+def ablation_tables(rows: list[dict]) -> list[dict]:
+    """Aggregated rows -> one table per setting and method that has several variants (an ablation):
+    {'title', 'method', 'rows'}, each row a variant with MAT, speedup, bound and rows per step,
+    best overall speedup first."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["method"] != "ar":
+            groups.setdefault((table_key(r), r["method"]), []).append(r)
+    out = []
+    for (key, method), rs in sorted(groups.items(), key=lambda kv: json.dumps(kv[0], default=str)):
+        if len({params_key(r.get("method_params")) for r in rs}) < 2:
+            continue
+        rs = sorted(rs, key=lambda r: -(r.get("overall") or 0))
+        display = [dict(r, label=variant_label(method, r.get("method_params"))) for r in rs]
+        out.append({"title": f"{method} ablations · {table_title(dict(zip(TABLE_KEYS, key)))}", "method": method,
+                    "rows": display})
+    return out
+
+
+ABLATION_COLUMNS = [("mat", "MAT"), ("overall", "Speedup"), ("speedup_bound", "Bound"),
+                    ("rows_per_step", "Rows/step")]
+
+
+def ablation_markdown(tables_: list[dict]) -> str:
+    out = []
+    for t in tables_:
+        lines = [f"### {t['title']}", "", "| Setting | " + " | ".join(h for _, h in ABLATION_COLUMNS) + " | Lossless |",
+                 "|---|" + "---:|" * len(ABLATION_COLUMNS) + "---|"]
+        for r in t["rows"]:
+            cells = [r["label"]]
+            for k, _ in ABLATION_COLUMNS:
+                v, sd = r.get(k), r.get(f"{k}_std")
+                fmt_key = "rows_per_step" if k == "rows_per_step" else ("mat" if k == "mat" else "overall")
+                cells.append("-" if v is None else (f"{v:.1f}" + (f" ± {sd:.1f}" if sd else "")
+                                                    if fmt_key == "rows_per_step" else format_value(fmt_key, v, sd)))
+            lo = r.get("lossless") or {}
+            cells.append(f"{lo.get('exact', 0)}/{lo.get('checked', 0)} exact"
+                         + (f", {lo['mismatches']} MISMATCHES" if lo.get("mismatches") else "") if lo.get("checked") else "-")
+            lines.append("| " + " | ".join(cells) + " |")
+        n = max((r.get("n") or 1) for r in t["rows"])
+        lines += ["", "Speedup over AR interleaved; bound = MAT x t(1) / t(rows) on the run's cost curve"
+                  + (f"; mean ± std over {n} repeats" if n > 1 else "") + "."]
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + ("\n" if out else "")

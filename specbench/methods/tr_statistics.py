@@ -1,0 +1,82 @@
+"""Where in Token Recycling's tree acceptance happens, and how full the matrix is: the counts behind
+per-node acceptance plots and scripts/tune_tree.py.
+
+Counted per verification step: which template nodes were drafted and which were on the accepted
+path, whether the root's matrix row had ever been written, and whether its rank-0 entry was the
+token the target chose. The two matrix counts stay on the drafter's device until the question ends,
+so counting adds no device-to-host copy per step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from specbench.decoding.tree import DraftTree
+
+
+def children_counts(tree: DraftTree) -> list[list[int]]:
+    """The template in its published form: child counts per node, depth by depth, breadth-first
+    (the inverse of DraftTree.from_children_counts for a tree numbered breadth-first)."""
+    depths = tree.depths.tolist()
+    out = []
+    for d in range(tree.max_depth):
+        out.append([len(tree.children[v]) for v in range(tree.size) if depths[v] == d])
+    return out
+
+
+class RecyclingStatistics:
+    def __init__(self, template: DraftTree, device: torch.device):
+        self.template = template
+        self.device = device
+        self._tree = children_counts(template)
+        self._clear()
+
+    def _clear(self) -> None:
+        n = len(self.template)
+        self.steps = 0
+        self.hits = [0] * n
+        self.drafted: Counter = Counter()  # template node sets (None: the whole template) -> steps
+        self.unwritten = torch.zeros((), dtype=torch.long, device=self.device)
+        self.rank0 = torch.zeros((), dtype=torch.long, device=self.device)
+
+    def record(self, accepted: list[int], drafted: tuple[int, ...] | None, root_written: torch.Tensor,
+               rank0_hit: torch.Tensor) -> None:
+        """One step: accepted template nodes, the drafted template nodes (None: all; () a plain
+        step), and two 0-d bool tensors about the root's row."""
+        self.steps += 1
+        for v in accepted:
+            self.hits[v - 1] += 1
+        self.drafted[drafted] += 1
+        self.unwritten += ~root_written
+        self.rank0 += rank0_hit & root_written
+
+    def take(self) -> dict:
+        n = len(self.template)
+        drafted = [0] * n
+        for nodes, count in self.drafted.items():
+            for v in range(1, n + 1) if nodes is None else nodes:
+                drafted[v - 1] += count
+        depths = self.template.depths.tolist()[1:]
+        depth_hits = [0] * self.template.max_depth
+        for v, h in enumerate(self.hits):
+            depth_hits[depths[v] - 1] += h
+        out = {"tree": self._tree, "steps": self.steps, "node_hits": list(self.hits), "node_drafted": drafted,
+               "depth_hits": depth_hits, "root_row_unwritten": int(self.unwritten),
+               "root_rank0_hits": int(self.rank0)}
+        self._clear()
+        return out
+
+
+def node_rates(stats: dict) -> list[float | None]:
+    """Per template node: how often it was on the accepted path when it was drafted."""
+    return [h / d if d else None for h, d in zip(stats["node_hits"], stats["node_drafted"])]
+
+
+def matrix_shares(stats: dict) -> dict:
+    """The matrix statistics as shares of steps: root row never written; root row's rank-0 entry
+    was the target's next token (the latter over all steps)."""
+    steps = stats["steps"] or 1
+    return {"root_row_unwritten": stats["root_row_unwritten"] / steps,
+            "root_rank0_hit": stats["root_rank0_hits"] / steps}
