@@ -105,6 +105,7 @@ def run_meta(run: Run) -> dict:
         "method": run.method,
         "method_params": s.get("method_params", {k: v for k, v in cfg.get("method", {}).items() if k != "name"}),
         "repeat": cfg.get("repeat", 0) or 0, "baseline_mode": cfg.get("baseline"),
+        "warmup_on": ident.get("warmup_on") or cfg.get("warmup_on") or "builtin",
         "finished": s.get("finished"), "path": str(run.path), "lossless": lossless,
         "speedup_bound": s.get("speedup_bound"),
     }
@@ -114,7 +115,7 @@ def run_rows(runs: list[Run]) -> list[dict]:
     return [tables.run_row(run_meta(r), r.records, r.baseline) for r in runs if r.records]
 
 
-RESULTS_CSV_FIELDS = ["path", *tables.TABLE_KEYS, "device_name", "method", "method_params", "repeat",
+RESULTS_CSV_FIELDS = ["path", *tables.TABLE_KEYS, "device_name", "method", "method_params", "warmup_on", "repeat",
                       "baseline_mode", "questions", *tables.SPEEDUP_KEYS, "mat", "tokens_per_s",
                       "decode_tokens_per_s", "decode_speedup", "baseline_tokens_per_s",
                       "lossless_checked", "lossless_exact", "lossless_numeric_ties", "lossless_mismatches",

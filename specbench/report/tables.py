@@ -71,7 +71,8 @@ def table_key(row: dict) -> tuple:
 
 
 def repeat_key(row: dict) -> tuple:
-    return (*table_key(row), row["method"], params_key(row.get("method_params")))
+    """Runs that are repeats of each other: same settings, method, method settings and warm-up."""
+    return (*table_key(row), row["method"], params_key(row.get("method_params")), row.get("warmup_on") or "builtin")
 
 
 def _stats(values: list) -> tuple[float | None, float | None]:
@@ -93,7 +94,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
     out = []
     for rs in groups.values():
         first = rs[0]
-        agg = {k: first.get(k) for k in (*TABLE_KEYS, "method", "method_params")}
+        agg = {k: first.get(k) for k in (*TABLE_KEYS, "method", "method_params", "warmup_on")}
         agg["n"] = len(rs)
         agg["repeats"] = sorted(r.get("repeat") or 0 for r in rs)
         for k in (*VALUE_KEYS, "decode_speedup", "baseline_tokens_per_s", "questions", "rows_per_step",
@@ -120,6 +121,8 @@ def method_labels(rows: list[dict]) -> dict[tuple, str]:
                 differing = [k for k in sorted(params)
                              if len({json.dumps((x.get("method_params") or {}).get(k)) for x in rs}) > 1]
                 label += " (" + ", ".join(f"{k}={params[k]}" for k in differing) + ")"
+            if (r.get("warmup_on") or "builtin") != "builtin":  # Spec-Bench's warm-up: said, never mixed
+                label += f" [warmup_on={r['warmup_on']}]"
             labels[repeat_key(r)] = label
     return labels
 
@@ -339,7 +342,9 @@ def ablation_tables(rows: list[dict]) -> list[dict]:
         if len({params_key(r.get("method_params")) for r in rs}) < 2:
             continue
         rs = sorted(rs, key=lambda r: -(r.get("overall") or 0))
-        display = [dict(r, label=variant_label(method, r.get("method_params"))) for r in rs]
+        display = [dict(r, label=variant_label(method, r.get("method_params"))
+                        + ("" if (r.get("warmup_on") or "builtin") == "builtin" else f" [warmup_on={r['warmup_on']}]"))
+                   for r in rs]
         out.append({"title": f"{method} ablations · {table_title(dict(zip(TABLE_KEYS, key)))}", "method": method,
                     "rows": display})
     return out
