@@ -95,6 +95,8 @@ def small_vocab_drafter(method: str, model, tmp_path):
         "tr": {"k": 4, "tree": tree},
         # rows cost nothing, so the adaptive tree always drafts
         "tr_adaptive": {"k": 4, "tree": tree, "hardware_curve": CostCurve(widths=[1, 8], times=[1.0, 1.0])},
+        "tr_fused": {"k": 4, "tree": tree, "max_ngram_size": 2, "num_pred_tokens": 3,
+                     "hardware_curve": CostCurve(widths=[1, 8], times=[1.0, 1.0])},
         "pld": {"max_ngram_size": 2, "num_pred_tokens": 3},
         "lookahead": {"N": 3, "W": 2, "G": 2},
         "rest": {"num_draft": 4, "continuation_len": 3, "min_token_span": 1},

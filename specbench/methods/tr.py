@@ -135,7 +135,8 @@ class TokenRecycling(Drafter):
     def reset(self) -> None:
         self.matrix.zero_()
         self.written.zero_()
-        self.statistics.take()
+        self.statistics.clear()
+        self._drafted = None
 
     def take_statistics(self) -> dict:
         return self.statistics.take()

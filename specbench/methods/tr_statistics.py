@@ -31,9 +31,10 @@ class RecyclingStatistics:
         self.template = template
         self.device = device
         self._tree = children_counts(template)
-        self._clear()
+        self.clear()
 
-    def _clear(self) -> None:
+    def clear(self) -> None:
+        """Forget every count (no device read, so it is safe at construction on any device)."""
         n = len(self.template)
         self.steps = 0
         self.hits = [0] * n
@@ -65,7 +66,7 @@ class RecyclingStatistics:
         out = {"tree": self._tree, "steps": self.steps, "node_hits": list(self.hits), "node_drafted": drafted,
                "depth_hits": depth_hits, "root_row_unwritten": int(self.unwritten),
                "root_rank0_hits": int(self.rank0)}
-        self._clear()
+        self.clear()
         return out
 
 
