@@ -241,10 +241,11 @@ def save_all(fr: dict, out_dir: str | Path, formats=("png", "pdf")) -> dict:
     if nodes is not None and len(nodes):
         for key, sub in _groups(nodes, (*tables.TABLE_KEYS, "method", "method_params")):
             r = sub.iloc[0]
-            variant = "" if r["method_params"] == "{}" else "_" + hashlib.blake2b(
+            settings = tables.variant_label(r["method"], json.loads(r["method_params"]))
+            variant = "" if settings == "defaults" else "_" + hashlib.blake2b(
                 r["method_params"].encode(), digest_size=3).hexdigest()
             name = f"node_acceptance__{r['method']}{variant}__{slug(r)}"
-            label = r["method"] + ("" if not variant else f" ({tables.variant_label(r['method'], json.loads(r['method_params']))})")
+            label = r["method"] + ("" if not variant else f" ({settings})")
             written[name] = save(node_acceptance(sub, f"{label}\n{_title(sub)}"), out_dir, name, formats)
     no_temp = [k for k in tables.TABLE_KEYS if k != "temperature"]
     for key, sub in _groups(runs, no_temp):
