@@ -163,13 +163,15 @@ class TokenRecycling(Drafter):
         self._write(torch.tensor(list(last), dtype=torch.long, device=self.device), logits[at])
 
     def _count(self, outcome: StepOutcome) -> None:
-        """Per-node and matrix statistics, before the matrix learns from this step."""
-        accepted = outcome.accepted
-        if self._drafted is not None and accepted:  # sub-tree ids -> template ids
-            accepted = [self._drafted[a - 1] for a in accepted]
+        """Per-node and matrix statistics, before the matrix learns from this step. With a chosen
+        node set (`_drafted`: tr_adaptive's sub-tree, tr_fused's merged tree) draft ids map back to
+        those nodes; only template nodes (ids up to len(tree)) are counted."""
+        nodes, n = self._drafted, len(self.tree)
+        accepted = outcome.accepted if nodes is None else [nodes[a - 1] for a in outcome.accepted]
+        drafted = () if outcome.draft is None else None if nodes is None else tuple(v for v in nodes if v <= n)
         root = outcome.root
-        self.statistics.record(accepted, self._drafted if outcome.draft is not None else (),
-                               self.written[root], self.matrix[root, 0] == (outcome.emitted or [outcome.bonus])[0])
+        self.statistics.record([v for v in accepted if v <= n], drafted, self.written[root],
+                               self.matrix[root, 0] == (outcome.emitted or [outcome.bonus])[0])
 
     def _recycle(self, outcome: StepOutcome) -> None:
         """Overwrite the matrix rows of this step's verified tokens with their rows' top-k: every row

@@ -170,17 +170,10 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
 
     # -- statistics ------------------------------------------------------------------------------
     def _count(self, outcome: StepOutcome) -> None:
-        """Template-node statistics for the template's nodes; the accepted tokens' sources."""
-        n = len(self.tree)
-        nodes = self._drafted or ()
-        accepted = [nodes[a - 1] for a in outcome.accepted]
+        """TR's template-node statistics, and the sources of the accepted tokens."""
         for a in outcome.accepted:
-            bits = self._sources[a - 1]
-            self._accepted_from[{MATRIX: 0, RETRIEVAL: 1}.get(bits, 2)] += 1
-        root = outcome.root
-        self.statistics.record([v for v in accepted if v <= n],
-                               tuple(v for v in nodes if v <= n) if outcome.draft is not None else (),
-                               self.written[root], self.matrix[root, 0] == (outcome.emitted or [outcome.bonus])[0])
+            self._accepted_from[{MATRIX: 0, RETRIEVAL: 1}.get(self._sources[a - 1], 2)] += 1
+        super()._count(outcome)
 
     def take_statistics(self) -> dict:
         out = super().take_statistics()

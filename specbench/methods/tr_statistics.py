@@ -14,23 +14,14 @@ from collections import Counter
 import torch
 
 from specbench.decoding.tree import DraftTree
-
-
-def children_counts(tree: DraftTree) -> list[list[int]]:
-    """The template in its published form: child counts per node, depth by depth, breadth-first
-    (the inverse of DraftTree.from_children_counts for a tree numbered breadth-first)."""
-    depths = tree.depths.tolist()
-    out = []
-    for d in range(tree.max_depth):
-        out.append([len(tree.children[v]) for v in range(tree.size) if depths[v] == d])
-    return out
+from specbench.methods.tree_tuning import children_counts_of, rank_paths
 
 
 class RecyclingStatistics:
     def __init__(self, template: DraftTree, device: torch.device):
         self.template = template
         self.device = device
-        self._tree = children_counts(template)
+        self._tree = children_counts_of(rank_paths(template))  # the published form of the template
         self.clear()
 
     def clear(self) -> None:
@@ -69,15 +60,3 @@ class RecyclingStatistics:
         self.clear()
         return out
 
-
-def node_rates(stats: dict) -> list[float | None]:
-    """Per template node: how often it was on the accepted path when it was drafted."""
-    return [h / d if d else None for h, d in zip(stats["node_hits"], stats["node_drafted"])]
-
-
-def matrix_shares(stats: dict) -> dict:
-    """The matrix statistics as shares of steps: root row never written; root row's rank-0 entry
-    was the target's next token (the latter over all steps)."""
-    steps = stats["steps"] or 1
-    return {"root_row_unwritten": stats["root_row_unwritten"] / steps,
-            "root_rank0_hit": stats["root_rank0_hits"] / steps}
