@@ -1,7 +1,9 @@
 """Engine overhead benchmark (not a test).
 
-1. Our AR loop against transformers' `generate` (greedy) on the same prompts, interleaved in one
-   run, so the ratio is measured side by side on the same machine.
+1. Transformers' `generate` (greedy, eager), our AR loop on the eager forward and our AR loop on
+   the compiled forward (specbench/decoding/compiled.py) on the same prompts, interleaved in one
+   run (the order rotates per prompt), so the ratios are measured side by side on the same machine.
+   Compiling happens before the first timed call and is reported apart.
 2. For Token Recycling: the share of each decoding step spent outside the model forward
    (drafting, masks, verification, KV compaction, matrix update).
 3. For Token Recycling at temperature 0.7: the share of the step spent drawing the target's
@@ -73,10 +75,15 @@ def main() -> None:
                for q in qs]
 
     engine = Engine(model, eos)
+    compiled = Engine(model, eos, compiled=True)
     ar = Autoregressive()
 
     def ours(ids):
         r = engine.generate(ids, ar, args.max_new_tokens)
+        return r.tokens, r.wall_time
+
+    def ours_compiled(ids):
+        r = compiled.generate(ids, ar, args.max_new_tokens)
         return r.tokens, r.wall_time
 
     def hf(ids):
@@ -86,19 +93,24 @@ def main() -> None:
         t = now(device) - t0
         return out[0, len(ids):].tolist(), t
 
-    ours(prompts[0]), hf(prompts[0])  # warm-up
-    speeds = {"ours": [], "generate": []}
-    same = True
+    ours(prompts[0]), hf(prompts[0]), ours_compiled(prompts[0])  # warm-up (compiles)
+    contenders = [("ours", ours), ("generate", hf), ("ours_compiled", ours_compiled)]
+    speeds = {name: [] for name, _ in contenders}
+    same, same_compiled = True, True
     for rep in range(args.repeats):
         for i, ids in enumerate(prompts):
-            order = [("ours", ours), ("generate", hf)] if (rep + i) % 2 == 0 else [("generate", hf), ("ours", ours)]
+            k = (rep + i) % len(contenders)
             toks = {}
-            for name, fn in order:
+            for name, fn in contenders[k:] + contenders[:k]:
                 t, secs = fn(ids)
                 toks[name] = t
                 speeds[name].append(len(t) / secs)
             same &= toks["ours"] == toks["generate"]
-    ar_ratio = statistics.mean(speeds["ours"]) / statistics.mean(speeds["generate"])
+            same_compiled &= toks["ours_compiled"] == toks["ours"]
+        print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(
+            f"{n} {statistics.mean(v):.1f} tok/s" for n, v in speeds.items()), flush=True)
+    mean = {n: statistics.mean(v) for n, v in speeds.items()}
+    ar_ratio = mean["ours"] / mean["generate"]
 
     prof = Engine(model, eos, profile=True)
     tr = TokenRecycling(vocab_size=model.get_output_embeddings().weight.shape[0], device=device)
@@ -124,6 +136,12 @@ def main() -> None:
         "ar_tokens_per_s": statistics.mean(speeds["ours"]),
         "generate_tokens_per_s": statistics.mean(speeds["generate"]),
         "ar_over_generate": ar_ratio, "ar_outputs_identical": same,
+        "ar_compiled_tokens_per_s": mean["ours_compiled"],
+        "ar_compiled_over_generate": mean["ours_compiled"] / mean["generate"],
+        "ar_compiled_over_eager": mean["ours_compiled"] / mean["ours"],
+        "ar_compiled_outputs_identical_to_eager": same_compiled,
+        "compile_seconds": round(compiled.compiled.compile_seconds, 1),
+        "recompiles_while_timed": compiled.compiled.recompiles(),
         "tr_steps": steps, "tr_ms_per_step": 1000 * decode / steps,
         "tr_ms_outside_forward_per_step": 1000 * (decode - fwd) / steps,
         "tr_share_outside_forward": overhead,

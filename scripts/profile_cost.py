@@ -2,6 +2,7 @@
 
     python scripts/profile_cost.py                       # smollm2-135m, w = 1..81, context 400
     python scripts/profile_cost.py --model vicuna-7b --device cuda --dtype float16 --max-width 128
+    python scripts/profile_cost.py --compile              # the compiled forward (compile=on runs)
 
 Writes the curve to the cache the runner and adaptive TR read ($SPECBENCH_CACHE/cost/, one file
 per model, device name and dtype) and, with --out, a copy there. Also measures the machine's memory
@@ -36,6 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=400, help="cached tokens before the forward")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="time the compiled forward (specbench/decoding/compiled.py)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--no-cache", action="store_true", help="do not write the runner's cache")
     args = ap.parse_args(argv)
@@ -50,14 +52,14 @@ def main(argv=None) -> int:
               else list(range(1, args.max_width + 1)))
     curve = measure_cost_curve(model, widths, context_len=args.context, repeats=args.repeats,
                                warmup=args.warmup, model_name=mcfg["name"], dtype_name=args.dtype,
-                               progress=True, machine=True)
+                               progress=True, machine=True, compiled=args.compile)
     paths = []
     if not args.no_cache:
-        paths.append(curve.save(cache_path(curve.model, curve.device, curve.dtype)))
+        paths.append(curve.save(cache_path(curve.model, curve.device, curve.dtype, curve.forward)))
     if args.out:
         paths.append(curve.save(args.out))
-    print(f"{curve.model} on {curve.device}, {curve.dtype}, context {curve.context_len}, "
-          f"median of {curve.repeats}")
+    print(f"{curve.model} on {curve.device}, {curve.dtype}, {curve.forward} forward, context {curve.context_len}, "
+          f"median of {curve.repeats}" + (f", compiled in {curve.compile_seconds:.0f} s" if args.compile else ""))
     rl = curve.roofline
     print(f"bandwidth {rl.bandwidth / 1e9:.1f} GB/s (float32 sum), matmul {rl.throughput / 1e9:.1f} GFLOP/s "
           f"({rl.matmul_size}^3 {rl.dtype}); weights read per forward {rl.weight_bytes / 1e6:.1f} MB, "

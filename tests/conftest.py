@@ -21,6 +21,11 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Runs made by tests use the eager forward (compiling takes minutes); tests/test_compiled.py compiles
+# on purpose. Set here, not in a fixture, so subprocesses (python run.py ...) inherit it too.
+os.environ.setdefault("SPECBENCH_COMPILE", "off")
+
+
 def model_config(name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml"))
 

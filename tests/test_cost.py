@@ -14,7 +14,7 @@ from specbench.hardware.cost import CostCurve, curve_for, measure_cost_curve, re
 
 ROOT = Path(__file__).resolve().parents[1]
 JSON_FIELDS = {"widths", "times_ms", "model", "device", "dtype", "context_len", "repeats", "quick", "created",
-               "versions"}
+               "versions", "forward", "compile_seconds"}
 
 
 @pytest.fixture

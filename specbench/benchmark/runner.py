@@ -27,7 +27,7 @@ from specbench.registry import drafter_class, build_drafter
 from specbench.decoding.sampling import PositionSampler
 from specbench.benchmark.results import append_jsonl, repair_jsonl, write_json_atomic
 from specbench.inputs.tasks import SUBTASKS, WARMUP_QUESTION, Question, load_task
-from specbench.benchmark.settings import method_params, validate
+from specbench.benchmark.settings import compiled_forward, method_params, validate
 from specbench.errors import SettingsError
 
 # Settings that must match for answers to be resumed or an AR run to be reused.
@@ -80,6 +80,8 @@ def identity(cfg: dict) -> dict:
         "temperature": cfg["temperature"], "top_k": cfg.get("top_k", 0), "top_p": cfg.get("top_p", 1.0),
         "dtype": cfg["dtype"], "device": str(cfg["device"]),
         "seed": cfg["seed"],
+        # answers from the compiled forward are kept apart from eager ones (older runs: eager, no key)
+        **({"forward": "compiled"} if cfg.get("forward") == "compiled" else {}),
     }
 
 
@@ -180,6 +182,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
                              if r.get("lossless", {}).get("status", "exact") not in ("exact", "unchecked")],
         "drafter_stats": metrics.sum_statistics([r.get("drafter_stats") for r in records]),
         "warmup": cfg["warmup"], "warmup_on": cfg.get("warmup_on", "builtin"),
+        "forward": cfg.get("forward", "eager"),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -234,6 +237,7 @@ def run_benchmark(cfg: dict) -> dict:
     device = resolve_device(cfg["device"])
     dtype = resolve_dtype(cfg["dtype"])
     cfg["device"] = str(device)
+    cfg["forward"] = "compiled" if compiled_forward(cfg.get("compile", "off"), device, cfg["model"]) else "eager"
     cfg["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
     questions = load_task(cfg["task"])
@@ -269,9 +273,8 @@ def run_benchmark(cfg: dict) -> dict:
     elif with_baseline:
         base_done = {r["question_id"]: r for r in repair_jsonl(base_path)}
 
-    model, tok = load_model(cfg["model"], device, dtype)
-    engine = Engine(model, eos_token_ids(model, tok))
-    curve = run_cost_curve(cfg, model)
+    model, tok, engine = load_engine(cfg, device, dtype)
+    curve = run_cost_curve(cfg, model, engine)
     if curve is not None:
         curve.save(out_dir / "cost_curve.json")
     params = method_params(cfg)
@@ -331,6 +334,9 @@ def run_benchmark(cfg: dict) -> dict:
     checks = [c for c in checks if c["status"] != "unchecked"]
     summary = summarize(cfg, records, base, checks, curve, lossless_method=drafter.lossless)
     summary["results_dir"] = str(out_dir)
+    if engine.compiled is not None:  # compiling happened before timing; a recompile while timed would show here
+        summary["compile_seconds"] = round(engine.compiled.compile_seconds, 1)
+        summary["recompiles_while_timed"] = engine.compiled.recompiles()
     summary["repeat"] = cfg.get("repeat", 0)
     if with_baseline and cfg["baseline"] in ("reuse", "shared"):
         summary["baseline_dir"] = str(results_dir_for(cfg, "ar"))
@@ -365,13 +371,43 @@ def warm_up(cfg: dict, engine: Engine, drafters: list, tok, questions: list[Ques
             d.reset()
 
 
-def run_cost_curve(cfg: dict, model) -> cost.CostCurve | None:
+def run_cost_curve(cfg: dict, model, engine: Engine | None = None) -> cost.CostCurve | None:
     """The cost curve behind the run's speedup bound: `cost_curve=auto` takes the profiled one cached
-    for this model, device and dtype, else measures a quick one (seconds); `off` none; else a file."""
+    for this model, device, dtype and forward, else measures a quick one (seconds); `off` none; else
+    a file, which must have been measured on the run's forward (eager or compiled)."""
     setting = cfg.get("cost_curve", "auto")
     if setting in (None, False, "off", "none"):
         return None
-    return cost.resolve_curve(setting, model, cfg["model"]["name"], cfg["dtype"])
+    curve = cost.resolve_curve(setting, model, cfg["model"]["name"], cfg["dtype"], engine=engine)
+    forward = cfg.get("forward", "eager")
+    if curve.forward != forward:
+        raise SettingsError(
+            f"cost_curve {setting}: measured on the {curve.forward} forward, but this run uses the {forward} "
+            f"one; profile it with scripts/profile_cost.py{' --compile' if forward == 'compiled' else ''} "
+            f"--out <file>, or set compile={'on' if curve.forward == 'compiled' else 'off'}")
+    return curve
+
+
+# The last model loaded in this process with its engine: a Hydra multirun (one process) loads the
+# weights and compiles the forward once, not once per job.
+_LOADED: dict = {}
+
+
+def load_engine(cfg: dict, device, dtype):
+    """(model, tokenizer, engine) for the run, reusing the previous job's when model and forward match."""
+    key = (repr(sorted(cfg["model"].items())), str(device), str(dtype), cfg.get("forward", "eager"))
+    if key not in _LOADED:
+        _LOADED.clear()
+        model, tok = load_model(cfg["model"], device, dtype)
+        from specbench.decoding.compiled import compile_support
+
+        why = compile_support(model) if cfg.get("forward") == "compiled" else None
+        if why:
+            raise SettingsError(f"model '{cfg['model']['name']}' cannot take the compiled forward ({why}); "
+                                f"set compile=off, or compile_unsupported in its model config so auto runs it eager")
+        _LOADED[key] = (model, tok, Engine(model, eos_token_ids(model, tok),
+                                           compiled=cfg.get("forward") == "compiled"))
+    return _LOADED[key]
 
 
 def _with_prompts(rec: dict, q: Question, tok, template: str) -> dict:

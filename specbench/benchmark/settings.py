@@ -22,6 +22,32 @@ NOT_SET = "???"  # OmegaConf's mark for a mandatory value (model.path of model=h
 WARMUP_ON = ("builtin", "first_question")
 
 
+# the target forward (specbench/decoding/compiled.py); auto = compiled where it pays, see compiled_forward
+COMPILE = ("auto", "on", "off")
+
+
+def compiled_forward(setting: str, device, model_cfg: dict | None = None) -> bool:
+    """Whether a run uses the compiled forward. auto: on CUDA (a small model's eager step is
+    launch-bound there) and on x86 CPUs (measured on a 2-core CPU with SmolLM2-135M: README,
+    "Compiled forward"), for every model whose config does not say `compile: unsupported` (decided
+    before loading, so the results directory's identity is known); compiling takes minutes once
+    per process."""
+    why = (model_cfg or {}).get("compile_unsupported")
+    if setting == "on" and why:
+        raise SettingsError(f"compile=on: model '{model_cfg['name']}' cannot take the compiled forward "
+                            f"({why}); use compile=off or compile=auto")
+    if setting == "on":
+        return True
+    if setting == "off" or why:
+        return False
+    import platform
+
+    import torch
+
+    device = torch.device(device)
+    return device.type == "cuda" or (device.type == "cpu" and platform.machine() in ("x86_64", "AMD64"))
+
+
 def method_params(cfg: dict) -> dict:
     return {k: v for k, v in cfg["method"].items() if k != "name"}
 
@@ -49,6 +75,9 @@ def validate(cfg: dict) -> None:
         raise SettingsError(f"baseline must be interleave, reuse, shared or none, got '{cfg['baseline']}'")
     resolve_dtype(cfg["dtype"])
     resolve_device(cfg["device"])
+    if cfg.get("compile", "off") not in COMPILE:
+        raise SettingsError(f"compile must be one of {', '.join(COMPILE)}, got {cfg['compile']!r}")
+    compiled_forward(cfg.get("compile", "off"), resolve_device(cfg["device"]), cfg["model"])
     curve = cfg.get("cost_curve", "auto")
     if curve not in (None, False, "auto", "off", "none"):  # as run_cost_curve reads it
         if not isinstance(curve, str):

@@ -45,7 +45,7 @@ class Engine:
     drafter's tokens stay where the drafter made them; tree masks, position offsets and the
     verification run on the device, and one small copy brings back the accepted path and its tokens."""
 
-    def __init__(self, model, eos_token_ids: list[int], profile: bool = False):
+    def __init__(self, model, eos_token_ids: list[int], profile: bool = False, compiled: bool = False):
         self.model = model.eval()
         self.device = model.device
         self.eos = set(int(e) for e in eos_token_ids)
@@ -56,8 +56,25 @@ class Engine:
         # Models that mix sliding and full layers take one mask per layer type.
         self.sliding_window = window if window and "sliding_attention" in layer_types else None
         self.mask_dtype = model.dtype
+        # compiled: verification through a compiled forward on a static cache (specbench/decoding/compiled.py)
+        self.compiled = None
+        if compiled:
+            from specbench.decoding.compiled import CompiledForward
+
+            self.compiled = CompiledForward(model)
+            self.compiled.sliding_window = self.sliding_window
         self.forward_time = 0.0
         self._trees: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def new_cache(self, prompt_len: int, max_new_tokens: int, hidden: bool = False):
+        """The KV cache for one turn: a DynamicCache, or the compiled forward's static cache with every
+        shape it can run already compiled (so no compiling happens while a turn is timed)."""
+        if self.compiled is None:
+            return DynamicCache()
+        with torch.inference_mode():  # the buffers too: graphs are specialised on inference tensors
+            cache = self.compiled.cache_for(prompt_len, max_new_tokens)
+            self.compiled.prepare(cache, hidden)
+        return cache
 
     def tree_tensors(self, tree: DraftTree) -> TreeTensors:
         tt = self._trees.get(tree)
@@ -96,14 +113,17 @@ class Engine:
             pos = cache_len + depths
             mask = self._mask(vis, depths, cache_len)
         t0 = now(dev) if self.profile else 0.0
-        out = self.model(
-            input_ids=ids[None], position_ids=pos[None], past_key_values=cache, use_cache=True,
-            attention_mask=mask, output_hidden_states=hidden,
-        )
-        hs = out.hidden_states[-1][0] if hidden else None
+        if self.compiled is not None:
+            logits, hs = self.compiled.rows(cache, cache_len, ids, pos, mask, hidden)
+        else:
+            out = self.model(
+                input_ids=ids[None], position_ids=pos[None], past_key_values=cache, use_cache=True,
+                attention_mask=mask, output_hidden_states=hidden,
+            )
+            logits, hs = out.logits[0], (out.hidden_states[-1][0] if hidden else None)
         if self.profile:
             self.forward_time += now(dev) - t0
-        return out.logits[0], hs
+        return logits, hs
 
     def _verify(self, logits: torch.Tensor, draft: Draft | None, cache_len: int,
                 select: Callable, drafter: Drafter) -> tuple[list[int], list[int]]:
@@ -140,8 +160,8 @@ class Engine:
         buf[: len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long)
         cur = len(prompt_ids)
 
+        cache = self.new_cache(cur, max_new_tokens, want_hidden)
         t0 = now(dev)
-        cache = DynamicCache()
         out = self.model(
             input_ids=buf[:cur][None].to(dev), past_key_values=cache, use_cache=True,
             logits_to_keep=1, output_hidden_states=want_hidden or want_prompt,
@@ -171,7 +191,7 @@ class Engine:
             logits, hidden = self.forward_rows(cache, cache_len, draft, root, want_hidden)
             accepted, emitted = self._verify(logits, draft, cache_len, select, drafter)
             bonus = emitted[-1]
-            if draft is not None:
+            if draft is not None or self.compiled is not None:  # a static cache holds the padded rows too
                 compact_kv_cache(cache, cache_len, [0] + accepted)
             for i, tok in enumerate(emitted):  # stop at EOS or the budget, whichever comes first
                 if tok in self.eos or len(new) + i + 1 >= max_new_tokens:

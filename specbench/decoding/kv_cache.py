@@ -14,6 +14,8 @@ def compact_kv_cache(cache, cache_len: int, keep: list[int]) -> None:
     """
     m = len(keep)
     contiguous = keep == list(range(m))
+    if cache.layers and hasattr(cache.layers[0], "cumulative_length"):
+        return _compact_static(cache, cache_len, keep, contiguous)
     src = None if contiguous else torch.tensor(keep, dtype=torch.long)
     index_on: dict = {}  # one host-to-device copy of the index per device, not one per layer
     for layer in cache.layers:
@@ -34,3 +36,20 @@ def compact_kv_cache(cache, cache_len: int, keep: list[int]) -> None:
             layer.values[..., cache_len : cache_len + m, :] = layer.values.index_select(-2, idx)
             layer.keys = layer.keys[..., : cache_len + m, :]
             layer.values = layer.values[..., : cache_len + m, :]
+
+
+def _compact_static(cache, cache_len: int, keep: list[int], contiguous: bool) -> None:
+    """Static layers (the compiled forward): fixed buffers, written at `cumulative_length`. Move the kept
+    rows down in place and set the length; stale rows past it stay, hidden by the mask until overwritten.
+    Everything in place, so buffer addresses (which CUDA graphs replay on) never change."""
+    m = len(keep)
+    dst = src = None
+    for layer in cache.layers:
+        if not contiguous:
+            if src is None:
+                src = (torch.tensor(keep, dtype=torch.long) + cache_len).to(layer.keys.device)
+                dst = torch.arange(cache_len, cache_len + m, device=layer.keys.device)
+            # index_select copies first, so overlapping source and destination rows are safe
+            layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
+            layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
+        layer.cumulative_length.fill_(cache_len + m)

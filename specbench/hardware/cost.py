@@ -68,6 +68,8 @@ class CostCurve:
     created: str = ""
     versions: dict = field(default_factory=dict)
     roofline: Roofline | None = None  # the machine's limits; absent in older curve files
+    forward: str = "eager"  # eager | compiled (specbench/decoding/compiled.py)
+    compile_seconds: float = 0.0  # compiling before the first timed forward (compiled only)
 
     def __post_init__(self):
         if isinstance(self.roofline, dict):
@@ -117,7 +119,7 @@ class CostCurve:
         else:
             widths, times = d["widths"], d["times"]
         keep = {k: d[k] for k in ("model", "device", "dtype", "context_len", "repeats", "quick",
-                                  "created", "versions", "roofline") if k in d}
+                                  "created", "versions", "roofline", "forward", "compile_seconds") if k in d}
         return cls(widths=widths, times=times, **keep)
 
     def save(self, path: str | Path) -> Path:
@@ -141,37 +143,39 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_")
 
 
-def cache_path(model: str, device: str, dtype: str) -> Path:
+def cache_path(model: str, device: str, dtype: str, forward: str = "eager") -> Path:
     from specbench.inputs.models import cache_root
 
-    return cache_root() / "cost" / f"{_slug(model)}__{_slug(device)}__{_slug(dtype)}.json"
+    tail = "" if forward == "eager" else f"__{forward}"
+    return cache_root() / "cost" / f"{_slug(model)}__{_slug(device)}__{_slug(dtype)}{tail}.json"
 
 
-def load_cached(model: str, device: str, dtype: str) -> CostCurve | None:
-    path = cache_path(model, device, dtype)
+def load_cached(model: str, device: str, dtype: str, forward: str = "eager") -> CostCurve | None:
+    path = cache_path(model, device, dtype, forward)
     return CostCurve.load(path) if path.is_file() else None
 
 
 @torch.inference_mode()
 def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repeats: int = 7,
                        warmup: int = 2, model_name: str = "", dtype_name: str | None = None,
-                       quick: bool = False, progress: bool = False, machine: bool = False) -> CostCurve:
+                       quick: bool = False, progress: bool = False, machine: bool = False,
+                       compiled: bool = False, engine=None) -> CostCurve:
     """Median time of the engine's forward over w rows after `context_len` cached tokens; with
-    `machine`, also the roofline (bandwidth and matmul throughput measured once per process)."""
-    from transformers import DynamicCache
-
+    `machine`, also the roofline (bandwidth and matmul throughput measured once per process).
+    `compiled` (or an `engine` with a compiled forward) times the compiled forward; its compiling
+    happens before the first timed call and is reported apart."""
     from specbench.drafter import Draft
     from specbench.decoding.engine import Engine
     from specbench.decoding.kv_cache import compact_kv_cache
     from specbench.decoding.tree import DraftTree
 
     widths = sorted({int(w) for w in widths} | {1})
-    engine = Engine(model, eos_token_ids=[])
+    engine = engine or Engine(model, eos_token_ids=[], compiled=compiled)
     dev = engine.device
     vocab = model.get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (context_len,), generator=g)
-    cache = DynamicCache()
+    cache = engine.new_cache(context_len, max(widths))
     model(input_ids=prefix[None].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
     drafts = {w: None if w == 1 else Draft(tokens=torch.randint(0, vocab, (w - 1,), generator=g).to(dev),
                                            tree=DraftTree.chain(w - 1)) for w in widths}
@@ -194,6 +198,8 @@ def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repea
         created=time.strftime("%Y-%m-%dT%H:%M:%S"),
         versions={"torch": torch.__version__, "transformers": __import__("transformers").__version__},
         roofline=roofline_for(model) if machine else None,
+        forward="eager" if engine.compiled is None else "compiled",
+        compile_seconds=0.0 if engine.compiled is None else round(engine.compiled.compile_seconds, 1),
     )
 
 
@@ -203,20 +209,21 @@ _QUICK_CURVES: dict[tuple[str, str, str], CostCurve] = {}
 
 
 def curve_for(model, model_name: str, dtype_name: str, measure: bool = True,
-              context_len: int = 400) -> CostCurve | None:
+              context_len: int = 400, engine=None) -> CostCurve | None:
     """The profiled curve cached for this (model, device, dtype); else a quick one measured now
     (13 widths x 5 repeats, interleaved: about 10 s on this CPU, plus about a second for the
     roofline's bandwidth and matmul figures) and kept for this process only;
     or None when `measure` is false and nothing is at hand."""
     dev_name = device_name(model.device)
-    cached = load_cached(model_name, dev_name, dtype_name)
+    forward = "eager" if engine is None or engine.compiled is None else "compiled"
+    cached = load_cached(model_name, dev_name, dtype_name, forward)
     if cached is not None:
         return cached
-    key = (model_name, dev_name, dtype_name)
+    key = (model_name, dev_name, dtype_name, forward)
     if key not in _QUICK_CURVES and measure:
         _QUICK_CURVES[key] = measure_cost_curve(model, QUICK_WIDTHS, context_len=context_len, repeats=5,
                                                 warmup=1, model_name=model_name, dtype_name=dtype_name,
-                                                quick=True, machine=True)
+                                                quick=True, machine=True, engine=engine)
     return _QUICK_CURVES.get(key)
 
 
@@ -233,7 +240,8 @@ def load_curve_file(spec: str | Path) -> CostCurve:
                             f"one with scripts/profile_cost.py --out {spec}, or leave the setting at auto") from None
 
 
-def resolve_curve(spec=None, model=None, model_name: str = "", dtype_name: str | None = None) -> CostCurve:
+def resolve_curve(spec=None, model=None, model_name: str = "", dtype_name: str | None = None,
+                  engine=None) -> CostCurve:
     """A curve from a setting: a CostCurve, its JSON dict, a path to its JSON file, or None/'auto'
     for `curve_for(model, ...)`."""
     if isinstance(spec, CostCurve):
@@ -244,7 +252,7 @@ def resolve_curve(spec=None, model=None, model_name: str = "", dtype_name: str |
         return load_curve_file(spec)
     if model is None:
         raise ValueError("a cost curve is needed: give a curve file, or the model to measure one on")
-    return curve_for(model, model_name, dtype_name or str(model.dtype).replace("torch.", ""))
+    return curve_for(model, model_name, dtype_name or str(model.dtype).replace("torch.", ""), engine=engine)
 
 
 def run_bound(curve: CostCurve | None, records: list[dict]) -> dict | None:

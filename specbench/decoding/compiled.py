@@ -1,0 +1,280 @@
+"""The compiled target forward: a static KV cache written in place and `torch.compile`d verification.
+
+The eager forward is overhead-bound (a small model's step costs about three times its weight reads on
+this CPU, and on a GPU it is launch-bound), so a speedup measured on it is partly a framework effect.
+This module runs the same verification forward compiled:
+
+- the KV cache is a transformers `Cache` of `StaticLayer`s: fixed buffers the forward writes in place
+  at `cumulative_length`, compacted in place afterwards (`kv_cache.compact_kv_cache`);
+- every call sees the whole buffer, so the mask is `[1, 1, rows, capacity]` and hides every column past
+  the live rows (stale tree rows and zeros);
+- CPU: inductor with frozen weights, shapes symbolic, so one graph serves every draft size and every
+  cache length (no recompile per size). The row count is padded to at least 2: a size-1 dimension
+  is specialised, and the static-M path packs weights for MKL, whose small-M products are 2-4x slower
+  here than oneDNN's (lm_head, 1 row: 8.3 ms against 4.4 ms);
+- CUDA: a fixed capacity and CUDA graphs (`mode="reduce-overhead"`), one per row bucket, since a
+  graph has static shapes; outputs are cloned because the next replay overwrites them.
+
+Padded rows are real rows of the forward whose outputs nothing reads; their cache writes land past
+the live rows and the compaction drops them. The prefill stays eager (once per turn, any length).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+
+import torch
+from transformers.cache_utils import Cache, StaticLayer
+
+from specbench.decoding.tree import tree_attention_mask
+
+CUDA_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128)  # one CUDA graph each; wider drafts: multiples of 64
+
+
+def pad_rows(rows: int, cuda: bool) -> int:
+    """The row count the compiled forward runs for `rows` real rows."""
+    if not cuda:
+        return max(rows, 2)
+    for b in CUDA_ROW_BUCKETS:
+        if rows <= b:
+            return b
+    return int(math.ceil(rows / 64) * 64)
+
+
+def padded_mask(mask: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
+    """Widen an engine mask `[1, 1, r, c]` to `[1, 1, rows, capacity]`: columns past c are hidden
+    from every row; padded rows (r..rows) see column 0 only, so their softmax stays finite."""
+    lo = torch.finfo(mask.dtype).min
+    out = torch.full((1, 1, rows, capacity), lo, dtype=mask.dtype, device=mask.device)
+    r, c = mask.shape[-2:]
+    out[..., :r, :c] = mask
+    out[..., r:, 0] = 0
+    return out
+
+
+def plain_step_mask(cache_len: int, dtype, device, sliding_window: int | None = None):
+    """The plain step's mask (one row: the cached prefix and itself), per layer type if the model
+    mixes sliding and full layers; the eager forward lets the model build it."""
+    one = torch.ones((1, 1), dtype=torch.bool, device=device)
+    depth = torch.zeros(1, dtype=torch.long, device=device)
+    full = tree_attention_mask(one, depth, cache_len, dtype)
+    if sliding_window is None:
+        return full
+    return {"full_attention": full,
+            "sliding_attention": tree_attention_mask(one, depth, cache_len, dtype, sliding_window=sliding_window)}
+
+
+def static_cache(n_layers: int, capacity: int) -> Cache:
+    """A cache of plain static layers, sliding-window layers included: a sliding static layer keeps the
+    last rows of a multi-row update, rejected tree rows too, which no compaction can undo. The engine's
+    per-layer-type masks apply the window instead."""
+    return Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(n_layers)])
+
+
+def compile_support(model) -> str | None:
+    """Why this model cannot take the compiled forward, or None. Sliding-window models (Gemma 3) are
+    refused: on them (tiny Gemma 3, torch 2.13) inductor's fused RoPE + cache-write kernel stopped
+    with an out-of-bounds index on the third 81-row tree step of a turn, a bug not yet run down;
+    they run eager."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(cfg, "sliding_window", None) and "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        return f"{cfg.model_type} mixes sliding-window and full attention layers"
+    return None
+
+
+def cache_capacity(cache) -> int:
+    return cache.layers[0].max_cache_len
+
+
+class CompiledForward:
+    """`rows(cache, cache_len, ids, pos, mask, hidden)` -> (logits, last hidden state) for the real rows,
+    through one compiled call; `cache_for(prompt_len, max_new)` hands out the static cache for a turn."""
+
+    def __init__(self, model, margin_rows: int | None = None):
+        why = compile_support(model)
+        if why:
+            raise ValueError(f"the compiled forward does not support this model ({why}); use compile=off")
+        self.model = model
+        self.device = model.device
+        self.cuda = self.device.type == "cuda"
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.n_layers = cfg.num_hidden_layers
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # room past prompt + max_new for one verification's rows (a wider draft grows the cache)
+        self.margin = margin_rows if margin_rows is not None else (256 if self.cuda else 128)
+        self.round_to = 1024 if self.cuda else 512  # capacities, each with its own graphs
+        self.cache: Cache | None = None
+        self.compile_seconds = 0.0  # spent in prepare(): compiling, CUDA graph recording
+        self._prepared: set = set()
+        self.graphs_prepared = 0
+        # models mixing sliding and full layers take one mask per layer type (a plain step's mask too)
+        self.sliding_window: int | None = None
+        # The recompile limit counts graphs per code object: row buckets x {hidden, not} x capacities.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        if self.cuda:
+            self._compiled = torch.compile(self._forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        else:
+            # (skipping the guards on the model's modules would save about 1 ms per call, but then two
+            # engines in one process could share a graph, and with it one model's frozen weights)
+            self._compiled = torch.compile(self._forward, fullgraph=True, dynamic=True)
+
+    def _forward(self, ids, pos, mask, cache, hidden: bool):
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache,
+                         use_cache=True, output_hidden_states=hidden)
+        return out.logits, (out.hidden_states[-1] if hidden else None)
+
+    def cache_for(self, prompt_len: int, max_new: int) -> Cache:
+        """The turn's cache, empty and allocated; the previous turn's while it is large enough (CUDA:
+        a CUDA graph replays on fixed buffer addresses) and, on CPU, not much larger (every call
+        attends over the whole buffer, so a spare column costs time). Each capacity has its graphs."""
+        need = prompt_len + max_new + self.margin
+        cap = cache_capacity(self.cache) if self.cache is not None else 0
+        if cap >= need and (self.cuda or cap <= need + self.round_to):
+            for layer in self.cache.layers:
+                layer.cumulative_length.zero_()
+            return self.cache
+        self.cache = self._allocate(need)
+        return self.cache
+
+    def _allocate(self, need: int) -> Cache:
+        cache = static_cache(self.n_layers, int(math.ceil(need / self.round_to) * self.round_to))
+        cache.early_initialization(1, self.kv_heads, self.head_dim, self.model.dtype, self.device)
+        if not self.cuda:
+            for layer in cache.layers:
+                torch._dynamo.mark_static(layer.keys, 2)
+                torch._dynamo.mark_static(layer.values, 2)
+        return cache
+
+    def _grow(self, cache: Cache, cache_len: int, need: int, hidden: bool) -> None:
+        """Move the live rows into larger buffers (a draft wider than the margin), in the same object.
+        CUDA: the new buffers get their graphs first (recording writes into them)."""
+        bigger = self._allocate(need)
+        if self.cuda:
+            self.prepare(bigger, hidden)
+        for old, new in zip(cache.layers, bigger.layers):
+            new.keys[..., :cache_len, :] = old.keys[..., :cache_len, :]
+            new.values[..., :cache_len, :] = old.values[..., :cache_len, :]
+            new.cumulative_length.fill_(cache_len)
+        cache.layers = bigger.layers
+
+    def prepare(self, cache: Cache, hidden: bool) -> None:
+        """Compile (CPU) or record (CUDA) every shape a turn on `cache` can run, before anything is timed.
+        CPU: one graph (rows symbolic) per capacity and `hidden`; CUDA: one graph per row bucket, on this
+        cache's buffers (a graph replays on fixed addresses). The cache is left empty."""
+        key = (cache.layers[0].keys.data_ptr(), cache_capacity(cache), hidden) if self.cuda else \
+            (cache_capacity(cache), hidden)
+        if key in self._prepared:
+            return
+        t0 = time.perf_counter()
+        if hidden:  # transformers installs its hidden-state hooks on first use, under a lock dynamo
+            # cannot trace: let an eager call install them
+            self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False,
+                       output_hidden_states=True)
+        buckets = [b for b in CUDA_ROW_BUCKETS if b + 1 <= cache_capacity(cache)] if self.cuda else [2]
+        for b in buckets:
+            for layer in cache.layers:
+                layer.cumulative_length.fill_(1)
+            ids = torch.zeros(b, dtype=torch.long, device=self.device)
+            pos = torch.ones(b, dtype=torch.long, device=self.device)
+            for _ in range(3 if self.cuda else 1):  # cudagraph trees: warm-up run, record, replay
+                self._call(cache, 1, ids, pos, None, hidden)
+                for layer in cache.layers:
+                    layer.cumulative_length.fill_(1)
+        for layer in cache.layers:
+            layer.cumulative_length.zero_()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        self.compile_seconds += time.perf_counter() - t0
+        self._prepared.add(key)
+        self.graphs_prepared = _graph_count()
+
+    def recompiles(self) -> int:
+        """Graphs compiled since the last `prepare`: 0 unless a timed step hit a shape it did not expect."""
+        return _graph_count() - self.graphs_prepared
+
+    def rows(self, cache: Cache, cache_len: int, ids: torch.Tensor, pos: torch.Tensor, mask,
+             hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One verification forward over `ids` (1-D, real rows) at positions `pos`; `mask` is the engine's
+        (a tensor or a per-layer-type dict, None for a plain step). Returns (logits, hidden) for the
+        real rows."""
+        r = ids.shape[0]
+        if cache_len + pad_rows(r, self.cuda) > cache_capacity(cache):
+            self._grow(cache, cache_len, cache_len + pad_rows(r, self.cuda) + self.margin, hidden)
+        return self._call(cache, cache_len, ids, pos, mask, hidden)
+
+    def _call(self, cache, cache_len, ids, pos, mask, hidden):
+        r = ids.shape[0]
+        rows = pad_rows(r, self.cuda)
+        cap = cache_capacity(cache)
+        if rows > r:
+            ids = torch.cat([ids, ids[:1].expand(rows - r)])
+            pos = torch.cat([pos, pos[:1].expand(rows - r)])
+        if mask is None:
+            mask = plain_step_mask(cache_len, self.model.dtype, self.device, self.sliding_window)
+        if isinstance(mask, dict):
+            mask = {k: padded_mask(m, rows, cap) for k, m in mask.items()}
+        else:
+            mask = padded_mask(mask, rows, cap)
+        if self.cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        else:  # one graph for every row count (dynamic=True alone lets a size that equals some static
+            # size, a head count say, be specialised). The capacity stays static: with it symbolic, a
+            # graph traced at one capacity failed its input asserts at another (torch 2.13), so each
+            # capacity gets its graph in prepare()
+            ids, pos = ids[None], pos[None]
+            for t in (ids, pos):
+                torch._dynamo.maybe_mark_dynamic(t, 1)
+            for m in (mask.values() if isinstance(mask, dict) else (mask,)):
+                torch._dynamo.maybe_mark_dynamic(m, 2)
+                torch._dynamo.mark_static(m, 3)
+        if self.cuda:
+            ids, pos = ids[None], pos[None]
+        # Grouped-query attention inside SDPA instead of transformers' repeat_kv, which copies the whole
+        # cache buffer per layer per step (with a mask transformers only does that on XPU/MPS). It is
+        # read while tracing, so the switch lives in the graph and the eager path stays as it is.
+        with _env("TRANSFORMERS_SDPA_FORCE_GQA", "1"), self._inductor_config():
+            logits, hs = self._compiled(ids, pos, mask, cache, hidden)
+        logits = logits[0, :r]
+        hs = hs[0, :r] if hidden else None
+        if self.cuda:  # the next replay reuses the graph's output buffers
+            logits = logits.clone()
+            hs = hs.clone() if hidden else None
+        return logits, hs
+
+
+    def _inductor_config(self):
+        """CPU: freezing folds the weights into constants and prepacks them for oneDNN (it needs grad
+        off at compile time: the engine runs in inference mode). Scoped to our calls, as a patch."""
+        if self.cuda:
+            return contextlib.nullcontext()
+        import torch._inductor.config as inductor_config
+
+        # concat_linear: one product for linears that share an input (q/k/v, gate/up): fewer, larger GEMMs.
+        # max_autotune: inductor's C++ GEMM template against oneDNN, per weight shape, fastest kept; on
+        # the 2-core CPU it halves the forward (t(1) 37 -> 26 ms) for about 2 more minutes of compiling
+        return inductor_config.patch({"freezing": True, "cpp.enable_concat_linear": True, "max_autotune": True,
+                                      "max_autotune_gemm_backends": "CPP,ATEN"})
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def _graph_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

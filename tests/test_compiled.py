@@ -1,0 +1,124 @@
+"""The compiled forward (specbench/decoding/compiled.py) against the eager one, on tiny random models.
+
+Compiling a tiny model takes seconds per graph; each model's compiled engine is built once per module.
+"""
+
+import pytest
+import torch
+from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
+
+from specbench.decoding.compiled import pad_rows, padded_mask, static_cache
+from specbench.decoding.engine import Engine
+from specbench.decoding.kv_cache import compact_kv_cache
+from specbench.decoding.tree import DraftTree
+from specbench.drafter import Draft
+from specbench.methods.ar import Autoregressive
+from specbench.methods.lookahead import Lookahead
+from specbench.methods.pld import PromptLookup
+from specbench.methods.tr import TokenRecycling
+
+TREE = DraftTree((0, 0, 1, 1, 2, 3))
+PROMPT = [1, 5, 9, 5, 9, 5, 9, 12, 40, 3] * 3
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma():
+    torch.manual_seed(1)
+    cfg = Gemma3TextConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                           layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def compiled_llama(tiny_llama):
+    return Engine(tiny_llama, eos_token_ids=[], compiled=True)
+
+
+def test_row_padding_and_mask_widening():
+    assert [pad_rows(r, cuda=False) for r in (1, 2, 7, 81)] == [2, 2, 7, 81]  # one graph, no size-1 branch
+    assert [pad_rows(r, cuda=True) for r in (1, 3, 81, 300)] == [1, 4, 96, 320]  # CUDA: graph buckets
+    lo = torch.finfo(torch.float32).min
+    m = torch.tensor([[0.0, 0.0, lo], [0.0, 0.0, 0.0]])[None, None]
+    out = padded_mask(m, rows=4, capacity=6)
+    assert out.shape == (1, 1, 4, 6)
+    assert torch.equal(out[0, 0, :2, :3], m[0, 0]) and (out[0, 0, :2, 3:] == lo).all()
+    assert (out[0, 0, 2:, 0] == 0).all() and (out[0, 0, 2:, 1:] == lo).all()  # padded rows: column 0 only
+
+
+@pytest.mark.parametrize("keep", [[0, 2, 5], [0, 1], [0]])
+def test_static_compaction_keeps_the_same_rows_as_dynamic(keep):
+    g = torch.Generator().manual_seed(0)
+    cache_len, new = 5, 7
+    kv = [(torch.randn(1, 2, cache_len + new, 4, generator=g), torch.randn(1, 2, cache_len + new, 4, generator=g))
+          for _ in range(2)]
+    dyn = DynamicCache()
+    st = static_cache(2, capacity=16)
+    with torch.inference_mode():
+        for i, (k, v) in enumerate(kv):
+            dyn.update(k.clone(), v.clone(), i)
+            st.layers[i].update(k.clone(), v.clone())
+        compact_kv_cache(dyn, cache_len, keep)
+        compact_kv_cache(st, cache_len, keep)
+    for d, s in zip(dyn.layers, st.layers):
+        n = cache_len + len(keep)
+        assert int(s.cumulative_length) == n
+        assert torch.equal(s.keys[..., :n, :], d.keys) and torch.equal(s.values[..., :n, :], d.values)
+
+
+def _tree_step(engine, model, prefix, draft, root, hidden):
+    cache = engine.new_cache(len(prefix), 8, hidden)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([prefix]), past_key_values=cache, use_cache=True)
+    return engine.forward_rows(cache, len(prefix), draft, root, hidden)
+
+
+def test_sliding_window_models_are_refused_with_the_fix(tiny_gemma):
+    with pytest.raises(ValueError, match="mixes sliding-window and full attention.*compile=off"):
+        Engine(tiny_gemma, eos_token_ids=[], compiled=True)
+
+
+def test_compiled_tree_rows_and_hidden_states_equal_eager(tiny_llama, compiled_llama):
+    model, compiled = tiny_llama, compiled_llama
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, 97, (12,), generator=g).tolist()
+    draft = Draft(tokens=torch.randint(0, 97, (len(TREE),), generator=g), tree=TREE)
+    for hidden in (False, True):
+        want_logits, want_hidden = _tree_step(Engine(model, eos_token_ids=[]), model, prefix, draft, 5, hidden)
+        logits, hs = _tree_step(compiled, model, prefix, draft, 5, hidden)
+        assert logits.shape == want_logits.shape == (TREE.size, 97)
+        torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-4)
+        if hidden:
+            torch.testing.assert_close(hs, want_hidden, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("make", [Autoregressive, lambda: TokenRecycling(vocab_size=97), PromptLookup,
+                                  lambda: Lookahead(vocab_size=97)], ids=["ar", "tr", "pld", "lookahead"])
+def test_compiled_engine_decodes_the_same_tokens(tiny_llama, compiled_llama, make):
+    eager = Engine(tiny_llama, eos_token_ids=[]).generate(PROMPT, make(), 60)
+    out = compiled_llama.generate(PROMPT, make(), 60)
+    assert out.tokens == eager.tokens
+    assert out.step_rows == eager.step_rows  # the real rows, not the padded ones
+    assert compiled_llama.compiled.recompiles() == 0  # every draft size ran on the prepared graph
+
+
+def test_cache_is_reused_across_turns_and_grows_for_a_wide_draft(tiny_llama, compiled_llama):
+    cache = compiled_llama.new_cache(10, 10)
+    assert compiled_llama.new_cache(12, 10) is cache  # same buffers: CUDA graphs replay on them
+    cap = cache.layers[0].max_cache_len
+    prefix = [1 + i % 96 for i in range(cap - 3)]  # a draft of 6 rows no longer fits
+    g = torch.Generator().manual_seed(2)
+    draft = Draft(tokens=torch.randint(0, 97, (6,), generator=g), tree=DraftTree.chain(6))
+    with torch.inference_mode():
+        tiny_llama(input_ids=torch.tensor([prefix]), past_key_values=cache, use_cache=True)
+    logits, _ = compiled_llama.forward_rows(cache, len(prefix), draft, 7)
+    assert cache.layers[0].max_cache_len > cap
+    want, _ = Engine(tiny_llama, eos_token_ids=[]).forward_rows(_prefilled(tiny_llama, prefix), len(prefix), draft, 7)
+    torch.testing.assert_close(logits, want, atol=1e-5, rtol=1e-4)
+
+
+def _prefilled(model, prefix):
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([prefix]), past_key_values=cache, use_cache=True)
+    return cache
