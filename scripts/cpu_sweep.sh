@@ -7,6 +7,7 @@
 # (warmup_on=first_question), to show what that protocol adds to hot-start TR.
 #
 #   bash scripts/cpu_sweep.sh        # QUESTIONS=/path/to/question.jsonl, TEMPERATURES=0,0.7,1.0, REPEATS=1,2,3
+#   COMPILE=on OUT=results/cpu-compiled REPEATS=1 FIRST_QUESTION=no bash scripts/cpu_sweep.sh   # compiled forward
 #
 # 1. profiles the cost curve t(w), w = 1..81 (cached, so every run's speedup bound and adaptive TR
 #    use the same curve); 2. one Hydra multirun over repeat x temperature x method (a killed sweep
@@ -20,14 +21,21 @@ METHODS=${METHODS:-tr,tr_adaptive,tr_fused,pld,lookahead,rest,medusa}
 TEMPERATURES=${TEMPERATURES:-0}
 REPEATS=${REPEATS:-1,2,3}
 BASELINE=${BASELINE:-interleave}
+COMPILE=${COMPILE:-off}   # the tables in results/cpu are eager; results/cpu-compiled: COMPILE=on
+FIRST_QUESTION=${FIRST_QUESTION:-yes}
 mkdir -p "$OUT"
 
-[ -f "$OUT/cost_curve.json" ] || python scripts/profile_cost.py --out "$OUT/cost_curve.json"
+PROFILE=()
+[ "$COMPILE" = on ] && PROFILE=(--compile)
+[ -f "$OUT/cost_curve.json" ] || python scripts/profile_cost.py "${PROFILE[@]}" --out "$OUT/cost_curve.json"
 
 COMMON=(task=spec_bench task.path="$QUESTIONS" task.per_subtask=2 max_new_tokens=128 results_root="$OUT"
-        cost_curve="$OUT/cost_curve.json" baseline="$BASELINE")
+        cost_curve="$OUT/cost_curve.json" baseline="$BASELINE" compile="$COMPILE")
+# one process per multirun: the model loads and the forward compiles once for all its jobs
 python run.py -m repeat="$REPEATS" temperature="$TEMPERATURES" method="$METHODS" "${COMMON[@]}"
-python run.py -m repeat="$REPEATS" temperature="$TEMPERATURES" method=tr warmup_on=first_question "${COMMON[@]}"
+if [ "$FIRST_QUESTION" = yes ]; then
+  python run.py -m repeat="$REPEATS" temperature="$TEMPERATURES" method=tr warmup_on=first_question "${COMMON[@]}"
+fi
 
 python scripts/make_tables.py "$OUT"   # writes tables.md, .tex, .csv and results.csv
 python scripts/plot.py "$OUT" --out "$OUT/plots"

@@ -73,9 +73,12 @@ def _tree_step(engine, model, prefix, draft, root, hidden):
     return engine.forward_rows(cache, len(prefix), draft, root, hidden)
 
 
-def test_sliding_window_models_are_refused_with_the_fix(tiny_gemma):
-    with pytest.raises(ValueError, match="mixes sliding-window and full attention.*compile=off"):
-        Engine(tiny_gemma, eos_token_ids=[], compiled=True)
+def test_sliding_window_model_decodes_the_same_tokens(tiny_gemma):
+    """Gemma 3 mixes sliding-window and full layers: the static cache holds full layers, the
+    engine's per-layer-type masks apply the window."""
+    compiled, eager = Engine(tiny_gemma, eos_token_ids=[], compiled=True), Engine(tiny_gemma, eos_token_ids=[])
+    for make in (Autoregressive, lambda: TokenRecycling(vocab_size=97)):
+        assert compiled.generate(PROMPT, make(), 40).tokens == eager.generate(PROMPT, make(), 40).tokens
 
 
 def test_compiled_tree_rows_and_hidden_states_equal_eager(tiny_llama, compiled_llama):
@@ -104,7 +107,8 @@ def test_compiled_engine_decodes_the_same_tokens(tiny_llama, compiled_llama, mak
 
 def test_cache_is_reused_across_turns_and_grows_for_a_wide_draft(tiny_llama, compiled_llama):
     cache = compiled_llama.new_cache(10, 10)
-    assert compiled_llama.new_cache(12, 10) is cache  # same buffers: CUDA graphs replay on them
+    again = compiled_llama.new_cache(12, 10)  # the same buffers: a graph keeps the ones it was made on
+    assert all(a.keys is b.keys and a.values is b.values for a, b in zip(again.layers, cache.layers))
     cap = cache.layers[0].max_cache_len
     prefix = [1 + i % 96 for i in range(cap - 3)]  # a draft of 6 rows no longer fits
     g = torch.Generator().manual_seed(2)
@@ -122,3 +126,14 @@ def _prefilled(model, prefix):
     with torch.inference_mode():
         model(input_ids=torch.tensor([prefix]), past_key_values=cache, use_cache=True)
     return cache
+
+
+def test_turns_alternating_between_capacities_equal_eager(tiny_llama, compiled_llama):
+    """A graph keeps the buffers it was compiled on: back at a capacity, a turn must get those same
+    buffers (new ones left the graph writing at a stale length, out of bounds after a few turns)."""
+    eager = Engine(tiny_llama, eos_token_ids=[])
+    long_prompt = [1 + i % 96 for i in range(420)]  # a larger capacity than PROMPT's
+    for prompt in (PROMPT, long_prompt, PROMPT, long_prompt, PROMPT):
+        for make in (Autoregressive, lambda: TokenRecycling(vocab_size=97)):
+            assert compiled_llama.generate(prompt, make(), 60).tokens == eager.generate(prompt, make(), 60).tokens
+    assert len(compiled_llama.compiled._caches) >= 2

@@ -237,7 +237,7 @@ def run_benchmark(cfg: dict) -> dict:
     device = resolve_device(cfg["device"])
     dtype = resolve_dtype(cfg["dtype"])
     cfg["device"] = str(device)
-    cfg["forward"] = "compiled" if compiled_forward(cfg.get("compile", "off"), device, cfg["model"]) else "eager"
+    cfg["forward"] = "compiled" if compiled_forward(cfg.get("compile", "off"), device) else "eager"
     cfg["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
     questions = load_task(cfg["task"])
@@ -399,12 +399,6 @@ def load_engine(cfg: dict, device, dtype):
     if key not in _LOADED:
         _LOADED.clear()
         model, tok = load_model(cfg["model"], device, dtype)
-        from specbench.decoding.compiled import compile_support
-
-        why = compile_support(model) if cfg.get("forward") == "compiled" else None
-        if why:
-            raise SettingsError(f"model '{cfg['model']['name']}' cannot take the compiled forward ({why}); "
-                                f"set compile=off, or compile_unsupported in its model config so auto runs it eager")
         _LOADED[key] = (model, tok, Engine(model, eos_token_ids(model, tok),
                                            compiled=cfg.get("forward") == "compiled"))
     return _LOADED[key]

@@ -74,17 +74,6 @@ def static_cache(n_layers: int, capacity: int) -> Cache:
     return Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(n_layers)])
 
 
-def compile_support(model) -> str | None:
-    """Why this model cannot take the compiled forward, or None. Sliding-window models (Gemma 3) are
-    refused: on them (tiny Gemma 3, torch 2.13) inductor's fused RoPE + cache-write kernel stopped
-    with an out-of-bounds index on the third 81-row tree step of a turn, a bug not yet run down;
-    they run eager."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if getattr(cfg, "sliding_window", None) and "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
-        return f"{cfg.model_type} mixes sliding-window and full attention layers"
-    return None
-
-
 def cache_capacity(cache) -> int:
     return cache.layers[0].max_cache_len
 
@@ -94,9 +83,6 @@ class CompiledForward:
     through one compiled call; `cache_for(prompt_len, max_new)` hands out the static cache for a turn."""
 
     def __init__(self, model, margin_rows: int | None = None):
-        why = compile_support(model)
-        if why:
-            raise ValueError(f"the compiled forward does not support this model ({why}); use compile=off")
         self.model = model
         self.device = model.device
         self.cuda = self.device.type == "cuda"
@@ -107,7 +93,8 @@ class CompiledForward:
         # room past prompt + max_new for one verification's rows (a wider draft grows the cache)
         self.margin = margin_rows if margin_rows is not None else (256 if self.cuda else 128)
         self.round_to = 1024 if self.cuda else 512  # capacities, each with its own graphs
-        self.cache: Cache | None = None
+        self.cache: Cache | None = None  # the current turn's
+        self._caches: dict[int, list] = {}  # the layers of each capacity
         self.compile_seconds = 0.0  # spent in prepare(): compiling, CUDA graph recording
         self._prepared: set = set()
         self.graphs_prepared = 0
@@ -129,45 +116,49 @@ class CompiledForward:
         return out.logits, (out.hidden_states[-1] if hidden else None)
 
     def cache_for(self, prompt_len: int, max_new: int) -> Cache:
-        """The turn's cache, empty and allocated; the previous turn's while it is large enough (CUDA:
-        a CUDA graph replays on fixed buffer addresses) and, on CPU, not much larger (every call
-        attends over the whole buffer, so a spare column costs time). Each capacity has its graphs."""
+        """The turn's cache, emptied: one set of buffers per capacity, kept for the process. A compiled
+        graph keeps the very buffers it was compiled on (transformers marks them static; with frozen
+        weights inductor binds them into the graph, and on CUDA a graph replays on their addresses),
+        so a capacity must always come with the same buffers. The smallest kept capacity that fits
+        with at most `round_to` to spare is taken (every call attends over the whole buffer, so a
+        spare column costs time), else a new one."""
         need = prompt_len + max_new + self.margin
-        cap = cache_capacity(self.cache) if self.cache is not None else 0
-        if cap >= need and (self.cuda or cap <= need + self.round_to):
-            for layer in self.cache.layers:
-                layer.cumulative_length.zero_()
-            return self.cache
-        self.cache = self._allocate(need)
-        return self.cache
-
-    def _allocate(self, need: int) -> Cache:
-        cache = static_cache(self.n_layers, int(math.ceil(need / self.round_to) * self.round_to))
-        cache.early_initialization(1, self.kv_heads, self.head_dim, self.model.dtype, self.device)
-        if not self.cuda:
-            for layer in cache.layers:
-                torch._dynamo.mark_static(layer.keys, 2)
-                torch._dynamo.mark_static(layer.values, 2)
+        fits = [c for c in self._caches if need <= c <= need + self.round_to]
+        cache = self._cache_of(min(fits) if fits else int(math.ceil(need / self.round_to) * self.round_to))
+        for layer in cache.layers:
+            layer.cumulative_length.zero_()
+        self.cache = cache
         return cache
 
+    def _cache_of(self, capacity: int) -> Cache:
+        """A cache over this capacity's layers (a new object each time: a grown turn swaps its layers
+        out, and the kept ones must stay)."""
+        if capacity not in self._caches:
+            cache = static_cache(self.n_layers, capacity)
+            cache.early_initialization(1, self.kv_heads, self.head_dim, self.model.dtype, self.device)
+            if not self.cuda:
+                for layer in cache.layers:
+                    torch._dynamo.mark_static(layer.keys, 2)
+                    torch._dynamo.mark_static(layer.values, 2)
+            self._caches[capacity] = cache.layers
+        return Cache(layers=list(self._caches[capacity]))
+
     def _grow(self, cache: Cache, cache_len: int, need: int, hidden: bool) -> None:
-        """Move the live rows into larger buffers (a draft wider than the margin), in the same object.
-        CUDA: the new buffers get their graphs first (recording writes into them)."""
-        bigger = self._allocate(need)
-        if self.cuda:
-            self.prepare(bigger, hidden)
+        """Move the live rows into the buffers of a larger capacity (a draft wider than the margin),
+        in the same cache object; that capacity's graphs are made first (making them writes rows)."""
+        bigger = self._cache_of(int(math.ceil(need / self.round_to) * self.round_to))
+        self.prepare(bigger, hidden)
         for old, new in zip(cache.layers, bigger.layers):
             new.keys[..., :cache_len, :] = old.keys[..., :cache_len, :]
             new.values[..., :cache_len, :] = old.values[..., :cache_len, :]
             new.cumulative_length.fill_(cache_len)
-        cache.layers = bigger.layers
+        cache.layers = list(bigger.layers)
 
     def prepare(self, cache: Cache, hidden: bool) -> None:
         """Compile (CPU) or record (CUDA) every shape a turn on `cache` can run, before anything is timed.
         CPU: one graph (rows symbolic) per capacity and `hidden`; CUDA: one graph per row bucket, on this
         cache's buffers (a graph replays on fixed addresses). The cache is left empty."""
-        key = (cache.layers[0].keys.data_ptr(), cache_capacity(cache), hidden) if self.cuda else \
-            (cache_capacity(cache), hidden)
+        key = (cache_capacity(cache), hidden)
         if key in self._prepared:
             return
         t0 = time.perf_counter()
