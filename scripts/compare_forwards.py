@@ -1,0 +1,64 @@
+"""Do two sweeps give the same tokens? Compares every answer (and AR baseline answer) of matching
+runs in two results roots, question by question and turn by turn: e.g. the eager sweep against the
+compiled one.
+
+    python scripts/compare_forwards.py results/cpu results/cpu-compiled
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def answers(path: Path) -> dict:
+    out = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                out[r["question_id"]] = [t["token_ids"] for t in r["turns"]]
+    return out
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a", type=Path)
+    ap.add_argument("b", type=Path)
+    args = ap.parse_args(argv)
+    total = same = 0
+    for run_b in sorted(args.b.glob("*/*/*/answers.jsonl")):
+        rel = run_b.parent.relative_to(args.b)
+        for name in ("answers.jsonl", "baseline_answers.jsonl"):
+            b = answers(run_b.parent / name)
+            # the eager sweep's repeats: -r1 ... -rN; any of them (greedy answers do not depend on the repeat)
+            stem = rel.name.rsplit("-r", 1)[0]
+            for run_a in sorted((args.a / rel.parent).glob(f"{stem}-r*")) or [args.a / rel]:
+                a = answers(run_a / name)
+                if a:
+                    break
+            for qid, turns_b in b.items():
+                if qid not in a:
+                    continue
+                for t, (ta, tb) in enumerate(zip(a[qid], turns_b)):
+                    total += 1
+                    d = first_difference(ta, tb)
+                    if d is None:
+                        same += 1
+                    else:
+                        print(f"{rel}/{name}: question {qid} turn {t}: first difference at token {d}")
+    print(f"{same}/{total} turns equal")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
