@@ -3,6 +3,8 @@
 # AR interleaved beside every run, one table: what each design choice of TR buys on this machine.
 #
 #   bash scripts/tr_ablations.sh          # OUT=results/tr_ablations QUESTIONS=... REPEATS=1
+#   COMPILE=on OUT=results/cpu-compiled CURVE=results/cpu-compiled/cost_curve.json \
+#     TREE=data/trees/smollm2-135m-cpu-compiled.json bash scripts/tr_ablations.sh   # compiled forward
 #
 # 1. the cost curve (shared with the CPU sweep when it exists);
 # 2. a calibration run of TR with the published tree on prompts in no benchmark task
@@ -19,19 +21,22 @@ REPEATS=${REPEATS:-1}
 CURVE=${CURVE:-results/cpu/cost_curve.json}
 TREE=${TREE:-$OUT/tuned_tree.json}
 CALIBRATION=${CALIBRATION:-results/tr_calibration}
+COMPILE=${COMPILE:-off}
 mkdir -p "$OUT"
 
-[ -f "$CURVE" ] || python scripts/profile_cost.py --out "$CURVE"
+PROFILE=()
+[ "$COMPILE" = on ] && PROFILE=(--compile)
+[ -f "$CURVE" ] || python scripts/profile_cost.py "${PROFILE[@]}" --out "$CURVE"
 
 if [ ! -f "$TREE" ]; then
   python run.py method=tr task=jsonl task.path=data/trees/calibration_questions.jsonl max_new_tokens=128 \
-      baseline=none cost_curve="$CURVE" results_dir="$CALIBRATION" wandb.enabled=false
+      baseline=none cost_curve="$CURVE" results_dir="$CALIBRATION" wandb.enabled=false compile="$COMPILE"
   # the calibration ran alone, so its own timings estimate the per-step overhead
   python scripts/tune_tree.py "$CALIBRATION" --cost-curve "$CURVE" --out "$TREE"
 fi
 
 COMMON=(task=spec_bench task.path="$QUESTIONS" task.per_subtask=2 max_new_tokens=128 results_root="$OUT"
-        cost_curve="$CURVE" baseline=interleave temperature=0 method=tr)
+        cost_curve="$CURVE" baseline=interleave temperature=0 method=tr compile="$COMPILE")
 python run.py -m repeat="$REPEATS" method.update=all_rows,accepted method.prefill_update=false,true "${COMMON[@]}"
 for k in 2 4; do
   python run.py -m repeat="$REPEATS" method.k=$k method.tree=data/trees/published-k$k.json "${COMMON[@]}"

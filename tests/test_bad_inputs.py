@@ -44,6 +44,10 @@ CASES = [
     ("tr empty tree", ["method=tr", "method.tree=[]"], r"tree template \(method.tree\) has no draft nodes", "in-process"),
     ("temperature=-1", ["temperature=-1"], r"temperature must be 0 \(greedy\) or positive, got -1", "in-process"),
     ("top_p=1.5", ["top_p=1.5"], r"top_p must be in \(0, 1\] \(1 = off\), got 1.5", "in-process"),
+    ("unknown compile setting", ["compile=maybe"], r"compile must be one of auto, on, off, got 'maybe'", "in-process"),
+    ("cost curve of the other forward", ["compile=on", "cost_curve={tmp}/eager_curve.json"],
+     r"measured on the eager forward, but this run uses the compiled one; profile it with "
+     r"scripts/profile_cost.py --compile", "in-process"),
     ("unknown dtype", ["dtype=float64"], r"unknown dtype 'float64'. Valid dtypes: float32, float16, bfloat16", "in-process"),
     ("task.per_subtask=0", ["task.per_subtask=0"], r"task.per_subtask must be at least 1, got 0", "in-process"),
     ("results_dir of other settings", ["results_dir={tmp}/other_run"],
@@ -75,6 +79,7 @@ def make_inputs(tmp: Path) -> None:
     (tmp / "garbage_store").mkdir()
     for name in ("meta.json", "tokens.npy", "sa.npy"):
         (tmp / "garbage_store" / name).write_bytes(bytes(range(256)) * 4)
+    (tmp / "eager_curve.json").write_text(json.dumps({"widths": [1, 2], "times": [0.05, 0.08]}))
     (tmp / "not_heads").mkdir()
     (tmp / "not_heads" / "notes.txt").write_text("not a heads directory\n")
 

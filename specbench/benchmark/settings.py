@@ -72,7 +72,13 @@ def validate(cfg: dict) -> None:
     if curve not in (None, False, "auto", "off", "none"):  # as run_cost_curve reads it
         if not isinstance(curve, str):
             raise SettingsError(f"cost_curve must be auto, off or a curve JSON path, got {curve!r}")
-        load_curve_file(curve)
+        forward = "compiled" if compiled_forward(cfg.get("compile", "off"), resolve_device(cfg["device"])) else "eager"
+        measured_on = load_curve_file(curve).forward
+        if measured_on != forward:
+            raise SettingsError(
+                f"cost_curve {curve}: measured on the {measured_on} forward, but this run uses the {forward} "
+                f"one; profile it with scripts/profile_cost.py{' --compile' if forward == 'compiled' else ''} "
+                f"--out <file>, or set compile={'on' if measured_on == 'compiled' else 'off'}")
     check_model_config(cfg["model"])
     method.check_settings(method_params(cfg), {"model_name": cfg["model"]["name"], "device": cfg["device"],
                                                "dtype_name": cfg["dtype"]})

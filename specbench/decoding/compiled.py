@@ -8,10 +8,10 @@ This module runs the same verification forward compiled:
   at `cumulative_length`, compacted in place afterwards (`kv_cache.compact_kv_cache`);
 - every call sees the whole buffer, so the mask is `[1, 1, rows, capacity]` and hides every column past
   the live rows (stale tree rows and zeros);
-- CPU: inductor with frozen weights, shapes symbolic, so one graph serves every draft size and every
-  cache length (no recompile per size). The row count is padded to at least 2: a size-1 dimension
-  is specialised, and the static-M path packs weights for MKL, whose small-M products are 2-4x slower
-  here than oneDNN's (lm_head, 1 row: 8.3 ms against 4.4 ms);
+- CPU: inductor with frozen weights and the row count symbolic, so one graph per cache capacity
+  serves every draft size (no recompile per size). The row count is padded to at least 2: a size-1
+  dimension is specialised, and the static-M path packs weights for MKL, whose small-M products are
+  2-4x slower here than oneDNN's (lm_head, 1 row: 8.3 ms against 4.4 ms);
 - CUDA: a fixed capacity and CUDA graphs (`mode="reduce-overhead"`), one per row bucket, since a
   graph has static shapes; outputs are cloned because the next replay overwrites them.
 
@@ -211,20 +211,18 @@ class CompiledForward:
             mask = {k: padded_mask(m, rows, cap) for k, m in mask.items()}
         else:
             mask = padded_mask(mask, rows, cap)
+        ids, pos = ids[None], pos[None]
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
         else:  # one graph for every row count (dynamic=True alone lets a size that equals some static
             # size, a head count say, be specialised). The capacity stays static: with it symbolic, a
             # graph traced at one capacity failed its input asserts at another (torch 2.13), so each
             # capacity gets its graph in prepare()
-            ids, pos = ids[None], pos[None]
             for t in (ids, pos):
                 torch._dynamo.maybe_mark_dynamic(t, 1)
             for m in (mask.values() if isinstance(mask, dict) else (mask,)):
                 torch._dynamo.maybe_mark_dynamic(m, 2)
                 torch._dynamo.mark_static(m, 3)
-        if self.cuda:
-            ids, pos = ids[None], pos[None]
         # Grouped-query attention inside SDPA instead of transformers' repeat_kv, which copies the whole
         # cache buffer per layer per step (with a mask transformers only does that on XPU/MPS). It is
         # read while tracing, so the switch lives in the graph and the eager path stays as it is.
@@ -237,7 +235,6 @@ class CompiledForward:
             hs = hs.clone() if hidden else None
         return logits, hs
 
-
     def _inductor_config(self):
         """CPU: freezing folds the weights into constants and prepacks them for oneDNN (it needs grad
         off at compile time: the engine runs in inference mode). Scoped to our calls, as a patch."""
@@ -247,7 +244,7 @@ class CompiledForward:
 
         # concat_linear: one product for linears that share an input (q/k/v, gate/up): fewer, larger GEMMs.
         # max_autotune: inductor's C++ GEMM template against oneDNN, per weight shape, fastest kept; on
-        # the 2-core CPU it halves the forward (t(1) 37 -> 26 ms) for about 2 more minutes of compiling
+        # the 2-core CPU it cut t(2) from about 37 to 27 ms for about 2 more minutes of compiling
         return inductor_config.patch({"freezing": True, "cpp.enable_concat_linear": True, "max_autotune": True,
                                       "max_autotune_gemm_backends": "CPP,ATEN"})
 
