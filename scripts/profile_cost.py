@@ -14,7 +14,6 @@ the roofline floor(w) = max(weight bytes / bandwidth, FLOPs(w) / throughput) and
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.hardware.cost import cache_path, measure_cost_curve  # noqa: E402
 from specbench.inputs.models import load_model, resolve_device, resolve_dtype  # noqa: E402
 
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
               else list(range(1, args.max_width + 1)))
     curve = measure_cost_curve(model, widths, context_len=args.context, repeats=args.repeats,
                                warmup=args.warmup, model_name=mcfg["name"], dtype_name=args.dtype,
-                               progress=True, machine=True, compiled=args.compile)
+                               progress=True, machine=True, engine=Engine(model, [], compiled=args.compile))
     paths = []
     if not args.no_cache:
         paths.append(curve.save(cache_path(curve.model, curve.device, curve.dtype, curve.forward)))

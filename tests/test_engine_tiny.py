@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import DynamicCache
 
 from specbench.methods.ar import Autoregressive
 from specbench.methods.tr import TokenRecycling
@@ -10,15 +10,6 @@ from specbench.drafter import Draft
 from specbench.decoding.engine import Engine
 from specbench.decoding.kv_cache import compact_kv_cache
 from specbench.decoding.tree import DraftTree
-
-
-@pytest.fixture(scope="module")
-def tiny_gemma():
-    torch.manual_seed(1)
-    cfg = Gemma3TextConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
-                           layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256)
-    return Gemma3ForCausalLM(cfg).eval()
 
 
 def sequential_logits(model, ids):

@@ -29,8 +29,6 @@ import time
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from specbench.decoding.tree import tree_attention_mask
-
 CUDA_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128)  # one CUDA graph each; wider drafts: multiples of 64
 
 
@@ -55,18 +53,6 @@ def padded_mask(mask: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
     return out
 
 
-def plain_step_mask(cache_len: int, dtype, device, sliding_window: int | None = None):
-    """The plain step's mask (one row: the cached prefix and itself), per layer type if the model
-    mixes sliding and full layers; the eager forward lets the model build it."""
-    one = torch.ones((1, 1), dtype=torch.bool, device=device)
-    depth = torch.zeros(1, dtype=torch.long, device=device)
-    full = tree_attention_mask(one, depth, cache_len, dtype)
-    if sliding_window is None:
-        return full
-    return {"full_attention": full,
-            "sliding_attention": tree_attention_mask(one, depth, cache_len, dtype, sliding_window=sliding_window)}
-
-
 def static_cache(n_layers: int, capacity: int) -> Cache:
     """A cache of plain static layers, sliding-window layers included: a sliding static layer keeps the
     last rows of a multi-row update, rejected tree rows too, which no compaction can undo. The engine's
@@ -80,10 +66,13 @@ def cache_capacity(cache) -> int:
 
 class CompiledForward:
     """`rows(cache, cache_len, ids, pos, mask, hidden)` -> (logits, last hidden state) for the real rows,
-    through one compiled call; `cache_for(prompt_len, max_new)` hands out the static cache for a turn."""
+    through one compiled call; `cache_for(prompt_len, max_new)` hands out the static cache for a turn.
+    `make_mask(visibility, depths, cache_len)` is the engine's mask builder: a plain step, which the
+    eager forward leaves to the model, needs one here (per layer type on sliding-window models)."""
 
-    def __init__(self, model, margin_rows: int | None = None):
+    def __init__(self, model, make_mask, margin_rows: int | None = None):
         self.model = model
+        self.make_mask = make_mask
         self.device = model.device
         self.cuda = self.device.type == "cuda"
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -93,13 +82,12 @@ class CompiledForward:
         # room past prompt + max_new for one verification's rows (a wider draft grows the cache)
         self.margin = margin_rows if margin_rows is not None else (256 if self.cuda else 128)
         self.round_to = 1024 if self.cuda else 512  # capacities, each with its own graphs
-        self.cache: Cache | None = None  # the current turn's
         self._caches: dict[int, list] = {}  # the layers of each capacity
         self.compile_seconds = 0.0  # spent in prepare(): compiling, CUDA graph recording
         self._prepared: set = set()
         self.graphs_prepared = 0
-        # models mixing sliding and full layers take one mask per layer type (a plain step's mask too)
-        self.sliding_window: int | None = None
+        self._one_row = (torch.ones((1, 1), dtype=torch.bool, device=self.device),
+                         torch.zeros(1, dtype=torch.long, device=self.device))  # a plain step's visibility, depth
         # The recompile limit counts graphs per code object: row buckets x {hidden, not} x capacities.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
@@ -127,7 +115,6 @@ class CompiledForward:
         cache = self._cache_of(min(fits) if fits else int(math.ceil(need / self.round_to) * self.round_to))
         for layer in cache.layers:
             layer.cumulative_length.zero_()
-        self.cache = cache
         return cache
 
     def _cache_of(self, capacity: int) -> Cache:
@@ -206,7 +193,7 @@ class CompiledForward:
             ids = torch.cat([ids, ids[:1].expand(rows - r)])
             pos = torch.cat([pos, pos[:1].expand(rows - r)])
         if mask is None:
-            mask = plain_step_mask(cache_len, self.model.dtype, self.device, self.sliding_window)
+            mask = self.make_mask(*self._one_row, cache_len)
         if isinstance(mask, dict):
             mask = {k: padded_mask(m, rows, cap) for k, m in mask.items()}
         else:

@@ -61,8 +61,7 @@ class Engine:
         if compiled:
             from specbench.decoding.compiled import CompiledForward
 
-            self.compiled = CompiledForward(model)
-            self.compiled.sliding_window = self.sliding_window
+            self.compiled = CompiledForward(model, self._mask)
         self.forward_time = 0.0
         self._trees: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

@@ -159,18 +159,18 @@ def load_cached(model: str, device: str, dtype: str, forward: str = "eager") -> 
 def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repeats: int = 7,
                        warmup: int = 2, model_name: str = "", dtype_name: str | None = None,
                        quick: bool = False, progress: bool = False, machine: bool = False,
-                       compiled: bool = False, engine=None) -> CostCurve:
+                       engine=None) -> CostCurve:
     """Median time of the engine's forward over w rows after `context_len` cached tokens; with
     `machine`, also the roofline (bandwidth and matmul throughput measured once per process).
-    `compiled` (or an `engine` with a compiled forward) times the compiled forward; its compiling
-    happens before the first timed call and is reported apart."""
+    `engine` (default: an eager one) is the engine whose forward is timed; a compiled one compiles
+    before the first timed call, and its compiling is reported apart."""
     from specbench.drafter import Draft
     from specbench.decoding.engine import Engine
     from specbench.decoding.kv_cache import compact_kv_cache
     from specbench.decoding.tree import DraftTree
 
     widths = sorted({int(w) for w in widths} | {1})
-    engine = engine or Engine(model, eos_token_ids=[], compiled=compiled)
+    engine = engine or Engine(model, eos_token_ids=[])
     dev = engine.device
     vocab = model.get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
