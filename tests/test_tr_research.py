@@ -114,5 +114,14 @@ def test_ablation_table_one_row_per_variant(tmp_path):
     assert [r["label"] for r in t["rows"]] == ["defaults", "update=accepted"]
     assert t["rows"][0]["overall"] == pytest.approx(2.0) and t["rows"][0]["rows_per_step"] == 4.0
     md = tables.ablation_markdown([t])
-    assert "| Setting | MAT | Speedup | Bound | Rows/step | Lossless |" in md
-    assert "| defaults | 2.00 | 2.00x | - | 4.0 | 2/2 exact |" in md
+    assert ("| Setting | MAT | Speedup | Bound | Rows/step | Root row never written | Root rank 0 = target "
+            "| Lossless |") in md
+    assert "| defaults | 2.00 | 2.00x | - | 4.0 | 5% | 60% | 2/2 exact |" in md  # STATS: 5 and 60 of 100 steps
+
+
+def test_matrix_shares_pool_steps_over_questions():
+    recs = [{"drafter_stats": dict(STATS)}, {"drafter_stats": dict(STATS, steps=300, root_row_unwritten=35,
+                                                                     root_rank0_hits=40)}]
+    shares = tables.matrix_shares(recs)
+    assert shares["root_unwritten"] == pytest.approx(40 / 400) and shares["root_rank0"] == pytest.approx(100 / 400)
+    assert tables.matrix_shares([{"drafter_stats": {"steps": 3}}, {}]) == {}  # other methods: no columns

@@ -48,6 +48,7 @@ def run_row(meta: dict, records: list[dict], baseline: list[dict]) -> dict:
     row["mat"] = metrics.mat(records) if records else None
     row["rows_per_step"] = metrics.rows_per_step(records) if records else None
     row["tokens_per_s"] = metrics.tokens_per_s(records) if records else None
+    row.update(matrix_shares(records))
     # decode-only needs prefill times, which runs imported from Spec-Bench answer files lack
     decode = all("prefill_time" in t for r in (*records, *baseline) for t in r["turns"])
     row["decode_tokens_per_s"] = metrics.tokens_per_s(records, decode_only=True) if records and decode else None
@@ -60,6 +61,20 @@ def run_row(meta: dict, records: list[dict], baseline: list[dict]) -> dict:
     base = [b for b in baseline if b["question_id"] in ids]
     row["baseline_tokens_per_s"] = metrics.tokens_per_s(base) if base else None
     return row
+
+
+def matrix_shares(records: list[dict]) -> dict:
+    """TR's matrix statistics over a run's steps (per-question `drafter_stats`): the share of steps
+    whose root row was never written, and of steps whose root row's rank-0 entry was the target's
+    token. Empty for methods that do not record them."""
+    stats = [r["drafter_stats"] for r in records
+             if isinstance(r.get("drafter_stats"), dict) and r["drafter_stats"].get("steps")
+             and "root_row_unwritten" in r["drafter_stats"]]
+    steps = sum(s["steps"] for s in stats)
+    if not steps:
+        return {}
+    return {"root_unwritten": sum(s["root_row_unwritten"] for s in stats) / steps,
+            "root_rank0": sum(s.get("root_rank0_hits", 0) for s in stats) / steps}
 
 
 def params_key(params: dict | None) -> str:
@@ -98,7 +113,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
         agg["n"] = len(rs)
         agg["repeats"] = sorted(r.get("repeat") or 0 for r in rs)
         for k in (*VALUE_KEYS, "decode_speedup", "baseline_tokens_per_s", "questions", "rows_per_step",
-                  "speedup_bound"):
+                  "speedup_bound", "root_unwritten", "root_rank0"):
             agg[k], agg[f"{k}_std"] = _stats([r.get(k) for r in rs])
         tallies = [r.get("lossless") for r in rs if r.get("lossless")]
         agg["lossless"] = ({k: sum(t.get(k, 0) for t in tallies) for k in tallies[0]} if tallies else None)
@@ -351,7 +366,9 @@ def ablation_tables(rows: list[dict]) -> list[dict]:
 
 
 ABLATION_COLUMNS = [("mat", "MAT"), ("overall", "Speedup"), ("speedup_bound", "Bound"),
-                    ("rows_per_step", "Rows/step")]
+                    ("rows_per_step", "Rows/step"), ("root_unwritten", "Root row never written"),
+                    ("root_rank0", "Root rank 0 = target")]
+SHARE_COLUMNS = ("root_unwritten", "root_rank0")
 
 
 def ablation_markdown(tables_: list[dict]) -> str:
@@ -363,6 +380,9 @@ def ablation_markdown(tables_: list[dict]) -> str:
             cells = [r["label"]]
             for k, _ in ABLATION_COLUMNS:
                 v, sd = r.get(k), r.get(f"{k}_std")
+                if k in SHARE_COLUMNS:
+                    cells.append("-" if v is None else f"{100 * v:.0f}%" + (f" ± {100 * sd:.0f}" if sd else ""))
+                    continue
                 fmt_key = "rows_per_step" if k == "rows_per_step" else ("mat" if k == "mat" else "overall")
                 cells.append("-" if v is None else (f"{v:.1f}" + (f" ± {sd:.1f}" if sd else "")
                                                     if fmt_key == "rows_per_step" else format_value(fmt_key, v, sd)))
