@@ -31,7 +31,7 @@ def test_row_padding_and_mask_widening():
     assert [pad_rows(r, cuda=True) for r in (1, 3, 81, 300)] == [1, 4, 96, 320]  # CUDA: graph buckets
     lo = torch.finfo(torch.float32).min
     m = torch.tensor([[0.0, 0.0, lo], [0.0, 0.0, 0.0]])[None, None]
-    out = padded_mask(m, rows=4, capacity=6)
+    out = padded_mask(m, rows=4, width=6)
     assert out.shape == (1, 1, 4, 6)
     assert torch.equal(out[0, 0, :2, :3], m[0, 0]) and (out[0, 0, :2, 3:] == lo).all()
     assert (out[0, 0, 2:, 0] == 0).all() and (out[0, 0, 2:, 1:] == lo).all()  # padded rows: column 0 only
@@ -94,6 +94,19 @@ def test_compiled_engine_decodes_the_same_tokens(tiny_llama, compiled_llama, mak
     assert out.tokens == eager.tokens
     assert out.step_rows == eager.step_rows  # the real rows, not the padded ones
     assert compiled_llama.compiled.recompiles() == 0  # every draft size ran on the prepared graph
+
+
+def test_two_models_in_one_process_keep_their_own_graphs(tiny_llama, compiled_llama):
+    """The graphs freeze the weights and skip most guards on the model's modules (about 1 ms per call):
+    a second model of the same architecture must still get its own graph, not the first one's weights."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(7)
+    other = LlamaForCausalLM(tiny_llama.config).eval()
+    first = compiled_llama.generate(PROMPT, Autoregressive(), 12).tokens
+    out = Engine(other, eos_token_ids=[], compiled=True).generate(PROMPT, Autoregressive(), 12).tokens
+    assert out == Engine(other, eos_token_ids=[]).generate(PROMPT, Autoregressive(), 12).tokens
+    assert out != first  # (different weights: a shared graph would have decoded the first model's tokens)
 
 
 def test_cache_is_reused_across_turns_and_grows_for_a_wide_draft(tiny_llama, compiled_llama):

@@ -6,8 +6,9 @@ This module runs the same verification forward compiled:
 
 - the KV cache is a transformers `Cache` of `StaticLayer`s: fixed buffers the forward writes in place
   at `cumulative_length`, compacted in place afterwards (`kv_cache.compact_kv_cache`);
-- every call sees the whole buffer, so the mask is `[1, 1, rows, capacity]` and hides every column past
-  the live rows (stale tree rows and zeros);
+- on CPU attention sees the live rows only (`LiveStaticLayer`: their count is symbolic in the graph),
+  so the mask is `[1, 1, rows, live rows]`; a CUDA graph has fixed shapes and sees the whole buffer,
+  its mask `[1, 1, rows, capacity]` hiding every column past the live rows (stale tree rows, zeros);
 - CPU: inductor with frozen weights and the row count symbolic, so one graph per cache capacity
   serves every draft size (no recompile per size). The row count is padded to at least 2: a size-1
   dimension is specialised, and the static-M path packs weights for MKL, whose small-M products are
@@ -42,22 +43,47 @@ def pad_rows(rows: int, cuda: bool) -> int:
     return int(math.ceil(rows / 64) * 64)
 
 
-def padded_mask(mask: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
-    """Widen an engine mask `[1, 1, r, c]` to `[1, 1, rows, capacity]`: columns past c are hidden
+def padded_mask(mask: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """Widen an engine mask `[1, 1, r, c]` to `[1, 1, rows, width]`: columns past c are hidden
     from every row; padded rows (r..rows) see column 0 only, so their softmax stays finite."""
     lo = torch.finfo(mask.dtype).min
-    out = torch.full((1, 1, rows, capacity), lo, dtype=mask.dtype, device=mask.device)
+    out = torch.full((1, 1, rows, width), lo, dtype=mask.dtype, device=mask.device)
     r, c = mask.shape[-2:]
     out[..., :r, :c] = mask
     out[..., r:, 0] = 0
     return out
 
 
+class LiveStaticLayer(StaticLayer):
+    """A static layer that hands attention only its first `live.shape[0]` rows (the live prefix and
+    the step's rows) instead of the whole buffer. `live` is a tensor whose length, symbolic in the
+    compiled graph, is that row count: attention then costs what the context costs, not what the
+    capacity does (SDPA on this CPU takes time in proportion to the columns it is given, masked or
+    not). None: the whole buffer (the CUDA graphs, whose shapes are fixed)."""
+
+    live: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if self.live is None:
+            return keys, values
+        n = self.live.shape[0]
+        return keys[:, :, :n], values[:, :, :n]
+
+
 def static_cache(n_layers: int, capacity: int) -> Cache:
     """A cache of plain static layers, sliding-window layers included: a sliding static layer keeps the
     last rows of a multi-row update, rejected tree rows too, which no compaction can undo. The engine's
     per-layer-type masks apply the window instead."""
-    return Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(n_layers)])
+    return Cache(layers=[LiveStaticLayer(max_cache_len=capacity) for _ in range(n_layers)])
+
+
+def model_identity_guards(entries) -> list[bool]:
+    """Dynamo's guard filter: of the guards on the model's modules (a few thousand type and dict checks,
+    about 1 ms per call on this CPU) keep only the identity of its parameters and buffers. The weights
+    are frozen into the graph, so a model with other weights must not reuse it (two engines in one
+    process); the module structure does not change under an engine."""
+    return [not e.orig_guard.source.is_unspecialized_nn_module() or e.guard_type == "ID_MATCH" for e in entries]
 
 
 def cache_capacity(cache) -> int:
@@ -94,9 +120,8 @@ class CompiledForward:
         if self.cuda:
             self._compiled = torch.compile(self._forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
         else:
-            # (skipping the guards on the model's modules would save about 1 ms per call, but then two
-            # engines in one process could share a graph, and with it one model's frozen weights)
-            self._compiled = torch.compile(self._forward, fullgraph=True, dynamic=True)
+            self._compiled = torch.compile(self._forward, fullgraph=True, dynamic=True,
+                                           options={"guard_filter_fn": model_identity_guards})
 
     def _forward(self, ids, pos, mask, cache, hidden: bool):
         out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache,
@@ -111,7 +136,9 @@ class CompiledForward:
         with at most `round_to` to spare is taken (every call attends over the whole buffer, so a
         spare column costs time), else a new one."""
         need = prompt_len + max_new + self.margin
-        fits = [c for c in self._caches if need <= c <= need + self.round_to]
+        # CPU: attention sees only the live rows, so spare capacity costs nothing and any kept one that
+        # fits will do (fewer capacities, fewer compiles); CUDA graphs attend over the whole buffer
+        fits = [c for c in self._caches if need <= c and (not self.cuda or c <= need + self.round_to)]
         cache = self._cache_of(min(fits) if fits else int(math.ceil(need / self.round_to) * self.round_to))
         for layer in cache.layers:
             layer.cumulative_length.zero_()
@@ -123,10 +150,11 @@ class CompiledForward:
         if capacity not in self._caches:
             cache = static_cache(self.n_layers, capacity)
             cache.early_initialization(1, self.kv_heads, self.head_dim, self.model.dtype, self.device)
-            if not self.cuda:
+            if not self.cuda:  # every dim static: a symbolic head count could be unified with a row count
                 for layer in cache.layers:
-                    torch._dynamo.mark_static(layer.keys, 2)
-                    torch._dynamo.mark_static(layer.values, 2)
+                    for buf in (layer.keys, layer.values):
+                        for d in range(buf.dim()):
+                            torch._dynamo.mark_static(buf, d)
             self._caches[capacity] = cache.layers
         return Cache(layers=list(self._caches[capacity]))
 
@@ -154,15 +182,18 @@ class CompiledForward:
             self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False,
                        output_hidden_states=True)
         buckets = [b for b in CUDA_ROW_BUCKETS if b + 1 <= cache_capacity(cache)] if self.cuda else [2]
+        # CPU: a context of 37 makes the live length (39) a size no static dim has, so the graph keeps it
+        # symbolic instead of tying it to one
+        filled = 1 if self.cuda else 37
         for b in buckets:
             for layer in cache.layers:
-                layer.cumulative_length.fill_(1)
+                layer.cumulative_length.fill_(filled)
             ids = torch.zeros(b, dtype=torch.long, device=self.device)
-            pos = torch.ones(b, dtype=torch.long, device=self.device)
+            pos = torch.full((b,), filled, dtype=torch.long, device=self.device)
             for _ in range(3 if self.cuda else 1):  # cudagraph trees: warm-up run, record, replay
-                self._call(cache, 1, ids, pos, None, hidden)
+                self._call(cache, filled, ids, pos, None, hidden)
                 for layer in cache.layers:
-                    layer.cumulative_length.fill_(1)
+                    layer.cumulative_length.fill_(filled)
         for layer in cache.layers:
             layer.cumulative_length.zero_()
         if self.cuda:
@@ -194,10 +225,11 @@ class CompiledForward:
             pos = torch.cat([pos, pos[:1].expand(rows - r)])
         if mask is None:
             mask = self.make_mask(*self._one_row, cache_len)
+        width = cap if self.cuda else cache_len + rows  # CPU: the live rows only (LiveStaticLayer)
         if isinstance(mask, dict):
-            mask = {k: padded_mask(m, rows, cap) for k, m in mask.items()}
+            mask = {k: padded_mask(m, rows, width) for k, m in mask.items()}
         else:
-            mask = padded_mask(mask, rows, cap)
+            mask = padded_mask(mask, rows, width)
         ids, pos = ids[None], pos[None]
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
@@ -205,16 +237,24 @@ class CompiledForward:
             # size, a head count say, be specialised). The capacity stays static: with it symbolic, a
             # graph traced at one capacity failed its input asserts at another (torch 2.13), so each
             # capacity gets its graph in prepare()
+            live = torch.empty(width, device=self.device)
+            for layer in cache.layers:
+                layer.live = live
+            torch._dynamo.maybe_mark_dynamic(live, 0)
             for t in (ids, pos):
                 torch._dynamo.maybe_mark_dynamic(t, 1)
             for m in (mask.values() if isinstance(mask, dict) else (mask,)):
                 torch._dynamo.maybe_mark_dynamic(m, 2)
-                torch._dynamo.mark_static(m, 3)
+                torch._dynamo.maybe_mark_dynamic(m, 3)
         # Grouped-query attention inside SDPA instead of transformers' repeat_kv, which copies the whole
         # cache buffer per layer per step (with a mask transformers only does that on XPU/MPS). It is
         # read while tracing, so the switch lives in the graph and the eager path stays as it is.
-        with _env("TRANSFORMERS_SDPA_FORCE_GQA", "1"), self._inductor_config():
-            logits, hs = self._compiled(ids, pos, mask, cache, hidden)
+        try:
+            with _env("TRANSFORMERS_SDPA_FORCE_GQA", "1"), self._inductor_config():
+                logits, hs = self._compiled(ids, pos, mask, cache, hidden)
+        finally:  # the eager prefill on these layers takes the whole buffer, as transformers' mask expects
+            for layer in cache.layers:
+                layer.live = None
         logits = logits[0, :r]
         hs = hs[0, :r] if hidden else None
         if self.cuda:  # the next replay reuses the graph's output buffers
