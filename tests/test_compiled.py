@@ -141,3 +141,27 @@ def test_turns_alternating_between_capacities_equal_eager(tiny_llama, compiled_l
         for make in (Autoregressive, lambda: TokenRecycling(vocab_size=97)):
             assert compiled_llama.generate(prompt, make(), 60).tokens == eager.generate(prompt, make(), 60).tokens
     assert len(compiled_llama.compiled._caches) >= 2
+
+
+class _WordTokenizer:
+    """One id per word: enough for the prompt-length bound (plain template)."""
+    chat_template = None
+
+    def __call__(self, text):
+        return type("Enc", (), {"input_ids": list(range(len(text.split())))})()
+
+
+def test_one_capacity_reserved_for_every_turn_of_the_run(tiny_llama):
+    from specbench.benchmark.runner import longest_prompt_bound, reserve_compiled_cache
+    from specbench.inputs.tasks import Question
+
+    qs = [Question("a", "qa", ["one two three"]), Question("b", "writing", ["w " * 600, "x " * 10])]
+    # b's turn 2 holds both user turns (610 words) and turn 1's answer (at most 8 tokens + 16 of template)
+    assert longest_prompt_bound(_WordTokenizer(), qs, "plain", max_new=8) == 610 + 24
+    engine = Engine(tiny_llama, eos_token_ids=[], compiled=True)
+    reserve_compiled_cache(engine, [Autoregressive()], _WordTokenizer(), qs, "plain", max_new=8)
+    kept = set(engine.compiled._caches)
+    assert len(kept) == 1
+    for n in (3, 400, 634):  # short and long turns alike take the reserved capacity (unreserved: 512, then 1024)
+        engine.new_cache(n, 8)
+    assert set(engine.compiled._caches) == kept and engine.compiled.recompiles() == 0

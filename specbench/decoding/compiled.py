@@ -250,7 +250,10 @@ class CompiledForward:
         # cache buffer per layer per step (with a mask transformers only does that on XPU/MPS). It is
         # read while tracing, so the switch lives in the graph and the eager path stays as it is.
         try:
-            with _env("TRANSFORMERS_SDPA_FORCE_GQA", "1"), self._inductor_config():
+            # specialize_float: with dynamic shapes a Python float of the model (a scaling constant) is
+            # traced as a symbol, found constant, and the whole trace restarts (a third of the compile time)
+            with _env("TRANSFORMERS_SDPA_FORCE_GQA", "1"), self._inductor_config(), \
+                    torch._dynamo.config.patch(specialize_float=True):
                 logits, hs = self._compiled(ids, pos, mask, cache, hidden)
         finally:  # the eager prefill on these layers takes the whole buffer, as transformers' mask expects
             for layer in cache.layers:
