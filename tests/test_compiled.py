@@ -31,6 +31,7 @@ def test_row_padding_and_mask_widening():
     assert [pad_rows(r, cuda=True) for r in (1, 3, 81, 300)] == [1, 4, 96, 320]  # CUDA: graph buckets
     lo = torch.finfo(torch.float32).min
     m = torch.tensor([[0.0, 0.0, lo], [0.0, 0.0, 0.0]])[None, None]
+    assert padded_mask(m, rows=2, width=3) is m  # nothing to pad: the engine's mask as it is
     out = padded_mask(m, rows=4, width=6)
     assert out.shape == (1, 1, 4, 6)
     assert torch.equal(out[0, 0, :2, :3], m[0, 0]) and (out[0, 0, :2, 3:] == lo).all()

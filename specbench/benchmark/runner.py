@@ -103,11 +103,15 @@ def make_sampler(cfg: dict) -> PositionSampler | None:
 
 
 def longest_prompt_bound(tokenizer, questions: list[Question], template: str, max_new: int) -> int:
-    """An upper bound on the longest prompt any turn of these questions can have: every user turn in
-    one prompt, each earlier answer counted at max_new tokens plus a few for its template."""
+    """An upper bound on the longest prompt any turn of these questions can have: the last turn's
+    conversation with empty answers (roles alternate, as strict chat templates demand), each answer
+    then counted at max_new tokens plus a few for re-tokenising its text."""
     longest = 0
     for q in questions:
-        ids = prompt_ids(tokenizer, [{"role": "user", "content": t} for t in q.turns], template)
+        messages = []
+        for t in q.turns:
+            messages += [{"role": "user", "content": t}, {"role": "assistant", "content": ""}]
+        ids = prompt_ids(tokenizer, messages[:-1], template)
         longest = max(longest, len(ids) + (len(q.turns) - 1) * (max_new + 16))
     return longest
 

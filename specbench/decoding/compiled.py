@@ -45,7 +45,10 @@ def pad_rows(rows: int, cuda: bool) -> int:
 
 def padded_mask(mask: torch.Tensor, rows: int, width: int) -> torch.Tensor:
     """Widen an engine mask `[1, 1, r, c]` to `[1, 1, rows, width]`: columns past c are hidden
-    from every row; padded rows (r..rows) see column 0 only, so their softmax stays finite."""
+    from every row; padded rows (r..rows) see column 0 only, so their softmax stays finite. A mask
+    that already has that shape (on CPU, every step of 2 rows or more) is returned as it is."""
+    if mask.shape[-2:] == (rows, width):
+        return mask
     lo = torch.finfo(mask.dtype).min
     out = torch.full((1, 1, rows, width), lo, dtype=mask.dtype, device=mask.device)
     r, c = mask.shape[-2:]
