@@ -156,21 +156,13 @@ def load_cached(model: str, device: str, dtype: str, forward: str = "eager") -> 
 
 
 @torch.inference_mode()
-def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repeats: int = 7,
-                       warmup: int = 2, model_name: str = "", dtype_name: str | None = None,
-                       quick: bool = False, progress: bool = False, machine: bool = False,
-                       engine=None) -> CostCurve:
-    """Median time of the engine's forward over w rows after `context_len` cached tokens; with
-    `machine`, also the roofline (bandwidth and matmul throughput measured once per process).
-    `engine` (default: an eager one) is the engine whose forward is timed; a compiled one compiles
-    before the first timed call, and its compiling is reported apart."""
+def filled_cache_and_drafts(model, engine, widths, context_len: int):
+    """What a timed step of w rows needs: the engine's cache holding `context_len` random tokens, those
+    tokens, and per width a chain draft of w - 1 random tokens (None for a plain step). Seeded, so
+    every profile of a model times the same steps."""
     from specbench.drafter import Draft
-    from specbench.decoding.engine import Engine
-    from specbench.decoding.kv_cache import compact_kv_cache
     from specbench.decoding.tree import DraftTree
 
-    widths = sorted({int(w) for w in widths} | {1})
-    engine = engine or Engine(model, eos_token_ids=[])
     dev = engine.device
     vocab = model.get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
@@ -179,6 +171,25 @@ def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repea
     model(input_ids=prefix[None].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
     drafts = {w: None if w == 1 else Draft(tokens=torch.randint(0, vocab, (w - 1,), generator=g).to(dev),
                                            tree=DraftTree.chain(w - 1)) for w in widths}
+    return cache, prefix, drafts
+
+
+@torch.inference_mode()
+def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repeats: int = 7,
+                       warmup: int = 2, model_name: str = "", dtype_name: str | None = None,
+                       quick: bool = False, progress: bool = False, machine: bool = False,
+                       engine=None) -> CostCurve:
+    """Median time of the engine's forward over w rows after `context_len` cached tokens; with
+    `machine`, also the roofline (bandwidth and matmul throughput measured once per process).
+    `engine` (default: an eager one) is the engine whose forward is timed; a compiled one compiles
+    before the first timed call, and its compiling is reported apart."""
+    from specbench.decoding.engine import Engine
+    from specbench.decoding.kv_cache import compact_kv_cache
+
+    widths = sorted({int(w) for w in widths} | {1})
+    engine = engine or Engine(model, eos_token_ids=[])
+    dev = engine.device
+    cache, prefix, drafts = filled_cache_and_drafts(model, engine, widths, context_len)
     samples: dict[int, list[float]] = {w: [] for w in widths}
     for rep in range(warmup + repeats):
         order = widths if rep % 2 == 0 else widths[::-1]
