@@ -25,6 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # on purpose. Set here, not in a fixture, so subprocesses (python run.py ...) inherit it too.
 os.environ.setdefault("SPECBENCH_COMPILE", "off")
 
+# Under pytest-xdist (`-n 2`, the README's command) each worker gets one core: the suite's forwards
+# are small and overhead-bound, so two processes on one thread each beat one process on two.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 
 def model_config(name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml"))
@@ -145,7 +150,7 @@ def ar_tokens(real_model):
                                                   position_sampler(temperature, question_id))
                 memory[key] = out.tokens
                 folder.mkdir(parents=True, exist_ok=True)
-                tmp = f.with_suffix(".tmp")
+                tmp = f.with_suffix(f".{os.getpid()}.tmp")  # parallel workers may write the same key
                 tmp.write_text(json.dumps(out.tokens))
                 tmp.replace(f)
         return memory[key]
