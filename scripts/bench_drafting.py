@@ -18,13 +18,12 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specbench.drafter import DecodeState  # noqa: E402
-from specbench.inputs.models import load_model  # noqa: E402
+from specbench.inputs.models import load_model, named_model_config  # noqa: E402
 from specbench.registry import build_drafter  # noqa: E402
 from specbench.inputs.tasks import MINI, load_jsonl_questions  # noqa: E402
 
@@ -48,7 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    mcfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "smollm2-135m.yaml"))
+    mcfg = named_model_config("smollm2-135m")
     model, tok = load_model(mcfg, torch.device("cpu"), torch.float32)
     qs = load_jsonl_questions(args.questions) if args.questions else list(MINI)
     ids: list[int] = []

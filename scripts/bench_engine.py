@@ -21,15 +21,15 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specbench.errors import SettingsError  # noqa: E402
 from specbench.methods.ar import Autoregressive  # noqa: E402
 from specbench.methods.tr import TokenRecycling  # noqa: E402
 from specbench.inputs.chat import prompt_ids  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
-from specbench.inputs.models import eos_token_ids, load_model, resolve_device, resolve_dtype  # noqa: E402
+from specbench.inputs.models import eos_token_ids, load_model, named_model_config, resolve_device, resolve_dtype  # noqa: E402
 from specbench.decoding.sampling import PositionSampler  # noqa: E402
 from specbench.inputs.tasks import MINI, load_jsonl_questions, select_per_subtask  # noqa: E402
 from specbench.hardware.timing import now  # noqa: E402
@@ -52,7 +52,7 @@ class TimedSampler:
         return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--questions", default=None, help="question.jsonl (default: the built-in mini set)")
@@ -63,11 +63,13 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     ap.add_argument("--ar-only", action="store_true", help="part 1 only (generate, eager AR, compiled AR)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
-    root = Path(__file__).resolve().parents[1]
-    mcfg = OmegaConf.to_container(OmegaConf.load(root / "conf" / "model" / f"{args.model}.yaml"))
-    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    try:
+        mcfg = named_model_config(args.model)
+        device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    except SettingsError as e:
+        ap.error(str(e))
     model, tok = load_model(mcfg, device, dtype)
     eos = eos_token_ids(model, tok)
     qs = load_jsonl_questions(args.questions) if args.questions else list(MINI)

@@ -17,13 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specbench.errors import SettingsError  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.hardware.cost import cache_path, measure_cost_curve  # noqa: E402
-from specbench.inputs.models import load_model, resolve_device, resolve_dtype  # noqa: E402
+from specbench.inputs.models import load_model, named_model_config, resolve_device, resolve_dtype  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -42,11 +42,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cache", action="store_true", help="do not write the runner's cache")
     args = ap.parse_args(argv)
 
-    root = Path(__file__).resolve().parents[1]
-    mcfg = OmegaConf.to_container(OmegaConf.load(root / "conf" / "model" / f"{args.model}.yaml"))
-    if args.model_path:
-        mcfg["path"] = args.model_path
-    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    try:
+        mcfg = named_model_config(args.model, args.model_path)
+        device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    except SettingsError as e:
+        ap.error(str(e))
     model, _ = load_model(mcfg, device, dtype)
     widths = ([int(w) for w in args.widths.split(",")] if args.widths
               else list(range(1, args.max_width + 1)))

@@ -17,17 +17,17 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specbench.errors import SettingsError  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.decoding.kv_cache import compact_kv_cache  # noqa: E402
 from specbench.hardware.cost import filled_cache_and_drafts  # noqa: E402
 from specbench.hardware.kernel_profile import breakdown_table, kernel_times  # noqa: E402
 from specbench.hardware.roofline import roofline_for  # noqa: E402
 from specbench.hardware.timing import now  # noqa: E402
-from specbench.inputs.models import load_model, resolve_device, resolve_dtype  # noqa: E402
+from specbench.inputs.models import load_model, named_model_config, resolve_device, resolve_dtype  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -48,11 +48,11 @@ def main(argv=None) -> int:
     if min(widths) < 1 or args.steps < 1:
         ap.error(f"--widths must be positive row counts and --steps at least 1 (got {args.widths}, {args.steps})")
 
-    root = Path(__file__).resolve().parents[1]
-    mcfg = OmegaConf.to_container(OmegaConf.load(root / "conf" / "model" / f"{args.model}.yaml"))
-    if args.model_path:
-        mcfg["path"] = args.model_path
-    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    try:
+        mcfg = named_model_config(args.model, args.model_path)
+        device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    except SettingsError as e:
+        ap.error(str(e))
     model, _ = load_model(mcfg, device, dtype)
     if args.compile:  # inductor names its kernels in the profile only when asked before compiling
         import torch._inductor.config as inductor_config

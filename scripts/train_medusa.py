@@ -516,16 +516,13 @@ def parse_args(argv=None):
 
 
 def model_config(args) -> dict:
-    from omegaconf import OmegaConf
+    from specbench.errors import SettingsError
+    from specbench.inputs.models import named_model_config
 
-    path = ROOT / "conf" / "model" / f"{args.model}.yaml"
-    if not path.is_file():
-        raise SystemExit(f"unknown model '{args.model}': no {path}; use a conf/model name, or --model hf "
-                         f"--model-path <dir>")
-    cfg = OmegaConf.to_container(OmegaConf.load(path))
-    if args.model_path:
-        cfg["path"] = args.model_path
-    return cfg
+    try:
+        return named_model_config(args.model, args.model_path)
+    except SettingsError as e:
+        raise SystemExit(f"error: {e}; or --model hf --model-path <dir>") from None
 
 
 def main(argv=None) -> dict:

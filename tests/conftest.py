@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +31,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def model_config(name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml"))
+    from specbench.inputs.models import named_model_config
+
+    return named_model_config(name)
 
 
 @pytest.fixture(autouse=True)

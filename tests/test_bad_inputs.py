@@ -144,3 +144,20 @@ def test_every_method_says_what_it_accepts():
         drafter_class("tr").check_settings({"k": "eight"}, target)
     with pytest.raises(SettingsError, match="method.typical must be true or false"):
         drafter_class("medusa").check_settings({"typical": "yes"}, target)
+
+
+@pytest.mark.parametrize("script", ["profile_cost", "profile_kernels", "bench_engine"])
+def test_scripts_refuse_an_unknown_model_with_the_valid_names(script, capsys):
+    """The scripts' `--model NAME` goes through `named_model_config`: one `error:` line, exit 2, before
+    any model loads."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{script}.py"
+    spec = importlib.util.spec_from_file_location(script, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--model", "nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error: unknown model 'nope'; valid names:" in err and "smollm2-135m" in err

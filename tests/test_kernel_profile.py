@@ -55,7 +55,7 @@ def test_breakdown_table_columns_per_width():
     table = breakdown_table(by_rows, itemsize=4).splitlines()
     assert table[0].startswith("| kernel | calls/step | w=2") and "w=8" in table[0]
     # w=2: 0.2 ms per call -> 10 GB/s, 2 x 2 x 5e5 / 2e-4 s = 10 GFLOP/s; w=8: 0.4 ms -> 5 GB/s, 20 GFLOP/s
-    assert table[2] == "| g | 10 | 2.00 (10.0, 10) | 4.00 (5.0, 20) |"
+    assert table[2] == "| g (1000 x 500) | 10 | 2.00 (10.0, 10) | 4.00 (5.0, 20) |"
     assert table[3] == "| sdpa | 30 | 1.00 | 1.50 |"
     assert table[-2] == "| **all matrix products** | | 2.00 | 4.00 |"
     assert table[-1] == "| **everything profiled** | | 3.00 | 5.50 |"

@@ -110,6 +110,8 @@ def breakdown_table(by_rows: dict[int, list[KernelTime]], itemsize: int, top: in
             r = t.rates(w, itemsize)
             cells.append(f"{t.ms_per_step:.2f}" + (f" ({r[0]:.1f}, {r[1]:.0f})" if r else ""))
         label = name if len(name) <= 60 else name[:57] + "..."
+        if shape and not GEMM_TEMPLATE_NAME.search(name):  # the template's name already says it
+            label += f" ({shape[0]} x {shape[1]})"
         lines.append(f"| {label} | {calls} | " + " | ".join(cells) + " |")
     for what, fn in (("all matrix products", gemm_ms), ("everything profiled", total_ms)):
         lines.append(f"| **{what}** | | " + " | ".join(f"{fn(by_rows[w]):.2f}" for w in widths) + " |")

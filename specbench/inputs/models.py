@@ -23,6 +23,24 @@ from specbench.inputs.chat import check_template
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+MODEL_CONFIGS = Path(__file__).resolve().parents[2] / "conf" / "model"
+
+
+def named_model_config(name: str, path: str | None = None) -> dict:
+    """The model config `conf/model/<name>.yaml` as a dict (`path` overrides its weights' path), the
+    one the scripts' `--model NAME` takes; an unknown name is refused with the valid ones."""
+    from omegaconf import OmegaConf
+
+    file = MODEL_CONFIGS / f"{name}.yaml"
+    if not file.is_file():
+        valid = ", ".join(sorted(f.stem for f in MODEL_CONFIGS.glob("*.yaml")))
+        raise SettingsError(f"unknown model '{name}'; valid names: {valid} (conf/model/<name>.yaml)")
+    cfg = OmegaConf.to_container(OmegaConf.load(file))
+    if path:
+        cfg["path"] = path
+    return cfg
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
 
