@@ -24,12 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specbench.errors import SettingsError  # noqa: E402
 from specbench.methods.ar import Autoregressive  # noqa: E402
 from specbench.methods.tr import TokenRecycling  # noqa: E402
 from specbench.inputs.chat import prompt_ids  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
-from specbench.inputs.models import eos_token_ids, load_model, named_model_config, resolve_device, resolve_dtype  # noqa: E402
+from specbench.inputs.models import add_model_arguments, eos_token_ids, load_model_from_arguments  # noqa: E402
 from specbench.decoding.sampling import PositionSampler  # noqa: E402
 from specbench.inputs.tasks import MINI, load_jsonl_questions, select_per_subtask  # noqa: E402
 from specbench.hardware.timing import now  # noqa: E402
@@ -54,23 +53,16 @@ class TimedSampler:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    add_model_arguments(ap)
     ap.add_argument("--questions", default=None, help="question.jsonl (default: the built-in mini set)")
     ap.add_argument("--per-subtask", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     ap.add_argument("--ar-only", action="store_true", help="part 1 only (generate, eager AR, compiled AR)")
     args = ap.parse_args(argv)
 
-    try:
-        mcfg = named_model_config(args.model)
-        device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
-    except SettingsError as e:
-        ap.error(str(e))
-    model, tok = load_model(mcfg, device, dtype)
+    mcfg, model, tok, device, _ = load_model_from_arguments(ap, args)
     eos = eos_token_ids(model, tok)
     qs = load_jsonl_questions(args.questions) if args.questions else list(MINI)
     qs = select_per_subtask(qs, args.per_subtask)

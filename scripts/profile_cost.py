@@ -20,18 +20,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specbench.errors import SettingsError  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.hardware.cost import cache_path, measure_cost_curve  # noqa: E402
-from specbench.inputs.models import load_model, named_model_config, resolve_device, resolve_dtype  # noqa: E402
+from specbench.inputs.models import add_model_arguments, load_model_from_arguments  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m", help="a conf/model/*.yaml name")
-    ap.add_argument("--model-path", default=None, help="override model.path")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="float32")
+    add_model_arguments(ap)
     ap.add_argument("--max-width", type=int, default=81, help="W: rows up to root + 80 draft nodes")
     ap.add_argument("--widths", default=None, help="comma-separated widths instead of 1..W")
     ap.add_argument("--context", type=int, default=400, help="cached tokens before the forward")
@@ -42,12 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cache", action="store_true", help="do not write the runner's cache")
     args = ap.parse_args(argv)
 
-    try:
-        mcfg = named_model_config(args.model, args.model_path)
-        device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
-    except SettingsError as e:
-        ap.error(str(e))
-    model, _ = load_model(mcfg, device, dtype)
+    mcfg, model, _, _, _ = load_model_from_arguments(ap, args)
     widths = ([int(w) for w in args.widths.split(",")] if args.widths
               else list(range(1, args.max_width + 1)))
     curve = measure_cost_curve(model, widths, context_len=args.context, repeats=args.repeats,

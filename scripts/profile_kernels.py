@@ -20,22 +20,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specbench.errors import SettingsError  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.decoding.kv_cache import compact_kv_cache  # noqa: E402
 from specbench.hardware.cost import filled_cache_and_drafts  # noqa: E402
 from specbench.hardware.kernel_profile import breakdown_table, kernel_times  # noqa: E402
 from specbench.hardware.roofline import roofline_for  # noqa: E402
 from specbench.hardware.timing import now  # noqa: E402
-from specbench.inputs.models import load_model, named_model_config, resolve_device, resolve_dtype  # noqa: E402
+from specbench.inputs.models import add_model_arguments, load_model_from_arguments  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m", help="a conf/model/*.yaml name")
-    ap.add_argument("--model-path", default=None, help="override model.path")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="float32")
+    add_model_arguments(ap)
     ap.add_argument("--widths", default="1,2,8,16", help="comma-separated row counts")
     ap.add_argument("--context", type=int, default=400, help="cached tokens before the forward")
     ap.add_argument("--steps", type=int, default=10, help="profiled forwards per width")
@@ -48,12 +44,7 @@ def main(argv=None) -> int:
     if min(widths) < 1 or args.steps < 1:
         ap.error(f"--widths must be positive row counts and --steps at least 1 (got {args.widths}, {args.steps})")
 
-    try:
-        mcfg = named_model_config(args.model, args.model_path)
-        device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
-    except SettingsError as e:
-        ap.error(str(e))
-    model, _ = load_model(mcfg, device, dtype)
+    mcfg, model, _, device, dtype = load_model_from_arguments(ap, args)
     if args.compile:  # inductor names its kernels in the profile only when asked before compiling
         import torch._inductor.config as inductor_config
 

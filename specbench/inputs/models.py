@@ -41,6 +41,26 @@ def named_model_config(name: str, path: str | None = None) -> dict:
     return cfg
 
 
+def add_model_arguments(ap) -> None:
+    """The scripts' model options: --model NAME (conf/model), --model-path, --device, --dtype."""
+    ap.add_argument("--model", default="smollm2-135m", help="a conf/model/<name>.yaml name")
+    ap.add_argument("--model-path", default=None, help="override the model config's path")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="float32")
+
+
+def load_model_from_arguments(ap, args):
+    """(model config, model, tokenizer, device, dtype) from `add_model_arguments`' options; a bad name,
+    device or dtype ends the script through `ap.error` (one line, exit 2) before anything loads."""
+    try:
+        cfg = named_model_config(args.model, args.model_path)
+        device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    except SettingsError as e:
+        ap.error(str(e))
+    model, tokenizer = load_model(cfg, device, dtype)
+    return cfg, model, tokenizer, device, dtype
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
 
