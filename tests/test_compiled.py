@@ -97,6 +97,26 @@ def test_compiled_engine_decodes_the_same_tokens(tiny_llama, compiled_llama, mak
     assert compiled_llama.compiled.recompiles() == 0  # every draft size ran on the prepared graph
 
 
+def test_fixed_shapes_decode_the_same_tokens(tiny_llama, monkeypatch):
+    """The CUDA path's shapes, run on CPU without CUDA graphs: row counts padded to buckets (padded rows
+    see column 0 only and their cache writes are compacted away), attention over the whole fixed buffer
+    with the columns past the live rows hidden. Buckets up to 16 keep the test short; every draft here
+    fits them, so nothing compiles while decoding."""
+    from specbench.decoding import compiled as compiled_module
+
+    monkeypatch.setattr(compiled_module, "CUDA_ROW_BUCKETS", (1, 2, 4, 8, 16))
+    engine = Engine(tiny_llama, eos_token_ids=[])
+    engine.compiled = compiled_module.CompiledForward(tiny_llama, engine._mask, margin_rows=32, fixed_shapes=True)
+    eager = Engine(tiny_llama, eos_token_ids=[])
+    small_tree = [[3], [2, 1, 1], [1, 1, 0, 0]]  # 10 nodes: 11 rows, the 16-row bucket
+    for make in (Autoregressive, PromptLookup, lambda: TokenRecycling(vocab_size=97, k=3, tree=small_tree)):
+        out, want = engine.generate(PROMPT, make(), 40), eager.generate(PROMPT, make(), 40)
+        assert out.tokens == want.tokens and out.step_rows == want.step_rows
+    assert {r for r in out.step_rows} - {1}, "TR verified no draft: the padded buckets went untested"
+    assert engine.compiled.recompiles() == 0
+    assert all(c % 1024 == 0 for c in engine.compiled._caches)  # CUDA's capacities
+
+
 def test_two_models_in_one_process_keep_their_own_graphs(tiny_llama, compiled_llama):
     """The graphs freeze the weights and skip most guards on the model's modules (about 1 ms per call):
     a second model of the same architecture must still get its own graph, not the first one's weights."""

@@ -14,7 +14,9 @@ This module runs the same verification forward compiled:
   dimension is specialised, and the static-M path packs weights for MKL, whose small-M products are
   2-4x slower here than oneDNN's (lm_head, 1 row: 8.3 ms against 4.4 ms);
 - CUDA: a fixed capacity and CUDA graphs (`mode="reduce-overhead"`), one per row bucket, since a
-  graph has static shapes; outputs are cloned because the next replay overwrites them.
+  graph has static shapes; outputs are cloned because the next replay overwrites them. The same fixed
+  shapes run on CPU with `fixed_shapes=True` (one inductor graph per bucket, no CUDA graphs), which is
+  how the tests check their padding and masks without a GPU.
 
 Padded rows are real rows of the forward whose outputs nothing reads; their cache writes land past
 the live rows and the compaction drops them. The prefill stays eager (once per turn, any length).
@@ -64,7 +66,11 @@ class LiveStaticLayer(StaticLayer):
     capacity does (SDPA on this CPU takes time in proportion to the columns it is given, masked or
     not). None: the whole buffer (the CUDA graphs, whose shapes are fixed)."""
 
-    live: torch.Tensor | None = None
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # an attribute of the instance from the start: dynamo guards on whether the instance holds it,
+        # and the first graph traced without it would be refused once a call had set it
+        self.live: torch.Tensor | None = None
 
     def update(self, key_states, value_states, *args, **kwargs):
         keys, values = super().update(key_states, value_states, *args, **kwargs)
@@ -99,18 +105,21 @@ class CompiledForward:
     `make_mask(visibility, depths, cache_len)` is the engine's mask builder: a plain step, which the
     eager forward leaves to the model, needs one here (per layer type on sliding-window models)."""
 
-    def __init__(self, model, make_mask, margin_rows: int | None = None):
+    def __init__(self, model, make_mask, margin_rows: int | None = None, fixed_shapes: bool | None = None):
         self.model = model
         self.make_mask = make_mask
         self.device = model.device
         self.cuda = self.device.type == "cuda"
+        # fixed shapes (CUDA's way: row buckets, attention over the whole buffer) can be asked for on
+        # CPU too, without CUDA graphs, so that their padding and masks are checked where no GPU is
+        self.fixed = self.cuda if fixed_shapes is None else fixed_shapes
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.n_layers = cfg.num_hidden_layers
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         # room past prompt + max_new for one verification's rows (a wider draft grows the cache)
-        self.margin = margin_rows if margin_rows is not None else (256 if self.cuda else 128)
-        self.round_to = 1024 if self.cuda else 512  # capacities, each with its own graphs
+        self.margin = margin_rows if margin_rows is not None else (256 if self.fixed else 128)
+        self.round_to = 1024 if self.fixed else 512  # capacities, each with its own graphs
         self._caches: dict[int, list] = {}  # the layers of each capacity
         self.compile_seconds = 0.0  # spent in prepare(): compiling, CUDA graph recording
         self._prepared: set = set()
@@ -122,6 +131,9 @@ class CompiledForward:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         if self.cuda:
             self._compiled = torch.compile(self._forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        elif self.fixed:
+            self._compiled = torch.compile(self._forward, fullgraph=True, dynamic=False,
+                                           options={"guard_filter_fn": model_identity_guards})
         else:
             self._compiled = torch.compile(self._forward, fullgraph=True, dynamic=True,
                                            options={"guard_filter_fn": model_identity_guards})
@@ -141,7 +153,7 @@ class CompiledForward:
         need = prompt_len + max_new + self.margin
         # CPU: attention sees only the live rows, so spare capacity costs nothing and any kept one that
         # fits will do (fewer capacities, fewer compiles); CUDA graphs attend over the whole buffer
-        fits = [c for c in self._caches if need <= c and (not self.cuda or c <= need + self.round_to)]
+        fits = [c for c in self._caches if need <= c and (not self.fixed or c <= need + self.round_to)]
         cache = self._cache_of(min(fits) if fits else int(math.ceil(need / self.round_to) * self.round_to))
         for layer in cache.layers:
             layer.cumulative_length.zero_()
@@ -153,7 +165,7 @@ class CompiledForward:
         if capacity not in self._caches:
             cache = static_cache(self.n_layers, capacity)
             cache.early_initialization(1, self.kv_heads, self.head_dim, self.model.dtype, self.device)
-            if not self.cuda:  # every dim static: a symbolic head count could be unified with a row count
+            if not self.fixed:  # every dim static: a symbolic head count could be unified with a row count
                 for layer in cache.layers:
                     for buf in (layer.keys, layer.values):
                         for d in range(buf.dim()):
@@ -184,10 +196,10 @@ class CompiledForward:
             # cannot trace: let an eager call install them
             self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False,
                        output_hidden_states=True)
-        buckets = [b for b in CUDA_ROW_BUCKETS if b + 1 <= cache_capacity(cache)] if self.cuda else [2]
+        buckets = [b for b in CUDA_ROW_BUCKETS if b + 1 <= cache_capacity(cache)] if self.fixed else [2]
         # CPU: a context of 37 makes the live length (39) a size no static dim has, so the graph keeps it
         # symbolic instead of tying it to one
-        filled = 1 if self.cuda else 37
+        filled = 1 if self.fixed else 37
         for b in buckets:
             for layer in cache.layers:
                 layer.cumulative_length.fill_(filled)
@@ -215,20 +227,20 @@ class CompiledForward:
         (a tensor or a per-layer-type dict, None for a plain step). Returns (logits, hidden) for the
         real rows."""
         r = ids.shape[0]
-        if cache_len + pad_rows(r, self.cuda) > cache_capacity(cache):
-            self._grow(cache, cache_len, cache_len + pad_rows(r, self.cuda) + self.margin, hidden)
+        if cache_len + pad_rows(r, self.fixed) > cache_capacity(cache):
+            self._grow(cache, cache_len, cache_len + pad_rows(r, self.fixed) + self.margin, hidden)
         return self._call(cache, cache_len, ids, pos, mask, hidden)
 
     def _call(self, cache, cache_len, ids, pos, mask, hidden):
         r = ids.shape[0]
-        rows = pad_rows(r, self.cuda)
+        rows = pad_rows(r, self.fixed)
         cap = cache_capacity(cache)
         if rows > r:
             ids = torch.cat([ids, ids[:1].expand(rows - r)])
             pos = torch.cat([pos, pos[:1].expand(rows - r)])
         if mask is None:
             mask = self.make_mask(*self._one_row, cache_len)
-        width = cap if self.cuda else cache_len + rows  # CPU: the live rows only (LiveStaticLayer)
+        width = cap if self.fixed else cache_len + rows  # CPU: the live rows only (LiveStaticLayer)
         if isinstance(mask, dict):
             mask = {k: padded_mask(m, rows, width) for k, m in mask.items()}
         else:
@@ -236,10 +248,10 @@ class CompiledForward:
         ids, pos = ids[None], pos[None]
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
-        else:  # one graph for every row count (dynamic=True alone lets a size that equals some static
-            # size, a head count say, be specialised). The capacity stays static: with it symbolic, a
-            # graph traced at one capacity failed its input asserts at another (torch 2.13), so each
-            # capacity gets its graph in prepare()
+        if not self.fixed:  # one graph for every row count (dynamic=True alone lets a size that equals
+            # some static size, a head count say, be specialised). The capacity stays static: with it
+            # symbolic, a graph traced at one capacity failed its input asserts at another (torch 2.13),
+            # so each capacity gets its graph in prepare()
             live = torch.empty(width, device=self.device)
             for layer in cache.layers:
                 layer.live = live
@@ -271,7 +283,7 @@ class CompiledForward:
     def _inductor_config(self):
         """CPU: freezing folds the weights into constants and prepacks them for oneDNN (it needs grad
         off at compile time: the engine runs in inference mode). Scoped to our calls, as a patch."""
-        if self.cuda:
+        if self.fixed:  # CUDA, or CUDA's shapes checked on CPU, where speed does not matter
             return contextlib.nullcontext()
         import torch._inductor.config as inductor_config
 
