@@ -28,6 +28,7 @@ os.environ.setdefault("SPECBENCH_COMPILE", "off")
 # are small and overhead-bound, so two processes on one thread each beat one process on two.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # and the runs it starts (python run.py ...) likewise
 
 
 def model_config(name: str) -> dict:
