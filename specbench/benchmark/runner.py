@@ -121,7 +121,7 @@ def reserve_compiled_cache(engine: Engine, drafters: list, tokenizer, questions:
     """Compile, before anything is timed, the one cache capacity every turn of the run fits in: spare
     capacity costs the CPU-compiled forward nothing, and a new capacity met mid-run means minutes of
     compiling (outside the clock, but inside the sweep's wall time)."""
-    if engine.compiled is None or engine.compiled.cuda or not questions:
+    if engine.compiled is None or engine.compiled.fixed or not questions:
         return
     longest = longest_prompt_bound(tokenizer, questions, template, max_new)
     for hidden in sorted({bool(d.needs_hidden_states) for d in drafters}):

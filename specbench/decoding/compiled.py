@@ -35,9 +35,10 @@ from transformers.cache_utils import Cache, StaticLayer
 CUDA_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128)  # one CUDA graph each; wider drafts: multiples of 64
 
 
-def pad_rows(rows: int, cuda: bool) -> int:
-    """The row count the compiled forward runs for `rows` real rows."""
-    if not cuda:
+def pad_rows(rows: int, fixed: bool) -> int:
+    """The row count the compiled forward runs for `rows` real rows: at least 2 with a symbolic row
+    count, else the row bucket (fixed shapes: CUDA graphs)."""
+    if not fixed:
         return max(rows, 2)
     for b in CUDA_ROW_BUCKETS:
         if rows <= b:
@@ -147,9 +148,9 @@ class CompiledForward:
         """The turn's cache, emptied: one set of buffers per capacity, kept for the process. A compiled
         graph keeps the very buffers it was compiled on (transformers marks them static; with frozen
         weights inductor binds them into the graph, and on CUDA a graph replays on their addresses),
-        so a capacity must always come with the same buffers. The smallest kept capacity that fits
-        with at most `round_to` to spare is taken (every call attends over the whole buffer, so a
-        spare column costs time), else a new one."""
+        so a capacity must always come with the same buffers. The smallest kept capacity that fits is
+        taken (with fixed shapes, only one with at most `round_to` to spare: every call attends over the
+        whole buffer, so a spare column costs time), else a new one."""
         need = prompt_len + max_new + self.margin
         # CPU: attention sees only the live rows, so spare capacity costs nothing and any kept one that
         # fits will do (fewer capacities, fewer compiles); CUDA graphs attend over the whole buffer
