@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specbench.methods.ar import Autoregressive  # noqa: E402
 from specbench.methods.tr import TokenRecycling  # noqa: E402
 from specbench.inputs.chat import prompt_ids  # noqa: E402
+from specbench.decoding.compiled import PRODUCTS  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.inputs.models import add_model_arguments, eos_token_ids, load_model_from_arguments  # noqa: E402
 from specbench.decoding.sampling import PositionSampler  # noqa: E402
@@ -60,6 +61,10 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     ap.add_argument("--ar-only", action="store_true", help="part 1 only (generate, eager AR, compiled AR)")
+    ap.add_argument("--products", default="auto", choices=PRODUCTS,
+                    help="the compiled forward's matrix products (compile_products; auto = packed where it runs)")
+    ap.add_argument("--also-inductor", action="store_true",
+                    help="part 1 also times AR on the compiled forward with inductor's own products")
     args = ap.parse_args(argv)
 
     mcfg, model, tok, device, _ = load_model_from_arguments(ap, args)
@@ -70,7 +75,8 @@ def main(argv=None) -> None:
                for q in qs]
 
     engine = Engine(model, eos)
-    compiled = Engine(model, eos, compiled=True)
+    compiled = Engine(model, eos, compiled=True, products=args.products)
+    inductor = Engine(model, eos, compiled=True, products="inductor") if args.also_inductor else None
     ar = Autoregressive()
 
     def ours(ids):
@@ -88,10 +94,17 @@ def main(argv=None) -> None:
         t = now(device) - t0
         return out[0, len(ids):].tolist(), t
 
-    ours(prompts[0]), hf(prompts[0]), ours_compiled(prompts[0])  # warm-up (compiles)
+    def ours_inductor(ids):
+        r = inductor.generate(ids, ar, args.max_new_tokens)
+        return r.tokens, r.wall_time
+
     contenders = [("ours", ours), ("generate", hf), ("ours_compiled", ours_compiled)]
+    if inductor is not None:
+        contenders.append(("ours_compiled_inductor", ours_inductor))
+    for _, fn in contenders:  # warm-up (compiles)
+        fn(prompts[0])
     speeds = {name: [] for name, _ in contenders}
-    same, same_compiled = True, True
+    same, same_compiled, same_inductor = True, True, True
     for rep in range(args.repeats):
         for i, ids in enumerate(prompts):
             k = (rep + i) % len(contenders)
@@ -102,6 +115,8 @@ def main(argv=None) -> None:
                 speeds[name].append(len(t) / secs)
             same &= toks["ours"] == toks["generate"]
             same_compiled &= toks["ours_compiled"] == toks["ours"]
+            if inductor is not None:
+                same_inductor &= toks["ours_compiled_inductor"] == toks["ours"]
         print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(
             f"{n} {statistics.mean(v):.1f} tok/s" for n, v in speeds.items()), flush=True)
     mean = {n: statistics.mean(v) for n, v in speeds.items()}
@@ -116,9 +131,18 @@ def main(argv=None) -> None:
         "ar_compiled_over_generate": mean["ours_compiled"] / mean["generate"],
         "ar_compiled_over_eager": mean["ours_compiled"] / mean["ours"],
         "ar_compiled_outputs_identical_to_eager": same_compiled,
+        "compiled_forward": compiled.compiled.name,
         "compile_seconds": round(compiled.compiled.compile_seconds, 1),
-        "recompiles_while_timed": compiled.compiled.recompiles(),
+        # graphs traced since the last engine prepared (the counter is the process's)
+        "recompiles_while_timed": min(e.compiled.recompiles() for e in (compiled, inductor) if e is not None),
     }
+    if inductor is not None:
+        res.update({
+            "ar_compiled_inductor_tokens_per_s": mean["ours_compiled_inductor"],
+            "ar_compiled_over_compiled_inductor": mean["ours_compiled"] / mean["ours_compiled_inductor"],
+            "ar_compiled_inductor_outputs_identical_to_eager": same_inductor,
+            "compile_seconds_inductor": round(inductor.compiled.compile_seconds, 1),
+        })
     if not args.ar_only:
         res.update(tr_overheads(model, eos, prompts, args, device))
     print(json.dumps(res, indent=2))

@@ -3,6 +3,7 @@
     python scripts/profile_cost.py                       # smollm2-135m, w = 1..81, context 400
     python scripts/profile_cost.py --model vicuna-7b --device cuda --dtype float16 --max-width 128
     python scripts/profile_cost.py --compile              # the compiled forward (compile=on runs)
+    python scripts/profile_cost.py --compile --products inductor   # ... with inductor's own products
 
 Writes the curve to the cache the runner and adaptive TR read ($SPECBENCH_CACHE/cost/, one file
 per model, device name and dtype) and, with --out, a copy there. Also measures the machine's memory
@@ -20,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specbench.decoding.compiled import PRODUCTS  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.hardware.cost import cache_path, measure_cost_curve  # noqa: E402
 from specbench.inputs.models import add_model_arguments, load_model_from_arguments  # noqa: E402
@@ -34,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="time the compiled forward (specbench/decoding/compiled.py)")
+    ap.add_argument("--products", default="auto", choices=PRODUCTS,
+                    help="the compiled forward's matrix products (compile_products; auto = packed where it runs)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--no-cache", action="store_true", help="do not write the runner's cache")
     args = ap.parse_args(argv)
@@ -43,7 +47,8 @@ def main(argv=None) -> int:
               else list(range(1, args.max_width + 1)))
     curve = measure_cost_curve(model, widths, context_len=args.context, repeats=args.repeats,
                                warmup=args.warmup, model_name=mcfg["name"], dtype_name=args.dtype,
-                               progress=True, machine=True, engine=Engine(model, [], compiled=args.compile))
+                               progress=True, machine=True, engine=Engine(model, [], compiled=args.compile,
+                                                                                  products=args.products))
     paths = []
     if not args.no_cache:
         paths.append(curve.save(cache_path(curve.model, curve.device, curve.dtype, curve.forward)))

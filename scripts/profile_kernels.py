@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specbench.decoding.compiled import PRODUCTS  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.decoding.kv_cache import compact_kv_cache  # noqa: E402
 from specbench.hardware.cost import filled_cache_and_drafts  # noqa: E402
@@ -38,6 +39,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--top", type=int, default=12, help="kernels shown")
     ap.add_argument("--compile", action="store_true", help="the compiled forward (specbench/decoding/compiled.py)")
+    ap.add_argument("--products", default="auto", choices=PRODUCTS,
+                    help="the compiled forward's matrix products (compile_products; auto = packed where it runs)")
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
     args = ap.parse_args(argv)
     widths = sorted({int(w) for w in args.widths.split(",")})
@@ -49,7 +52,7 @@ def main(argv=None) -> int:
         import torch._inductor.config as inductor_config
 
         inductor_config.cpp.enable_kernel_profile = True
-    engine = Engine(model, [], compiled=args.compile)
+    engine = Engine(model, [], compiled=args.compile, products=args.products)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -74,7 +77,7 @@ def main(argv=None) -> int:
             print(f"  w={w}: {wall[w]:.1f} ms per step under the profiler", flush=True)
 
     rl = roofline_for(model)
-    head = (f"{mcfg['name']}, {args.dtype}, {'compiled' if args.compile else 'eager'} forward on {device}, "
+    head = (f"{mcfg['name']}, {args.dtype}, {engine.compiled.name if args.compile else 'eager'} forward on {device}, "
             f"context {args.context}, {args.steps} steps per width; machine: {rl.bandwidth / 1e9:.1f} GB/s "
             f"(float32 sum), {rl.throughput / 1e9:.1f} GFLOP/s ({rl.matmul_size}^3); weights "
             f"{rl.weight_bytes / 1e6:.0f} MB per step\n\nwall ms per step under the profiler: "

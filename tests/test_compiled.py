@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from specbench.decoding import packed_linear
 from specbench.decoding.compiled import pad_rows, padded_mask, static_cache
 from specbench.decoding.engine import Engine
 from specbench.decoding.kv_cache import compact_kv_cache
@@ -23,7 +24,10 @@ PROMPT = [1, 5, 9, 5, 9, 5, 9, 12, 40, 3] * 3
 
 @pytest.fixture(scope="module")
 def compiled_llama(tiny_llama):
-    return Engine(tiny_llama, eos_token_ids=[], compiled=True)
+    engine = Engine(tiny_llama, eos_token_ids=[], compiled=True)
+    # on x86-64 with AVX2 (this suite's machines) the products run on our packed kernel
+    assert engine.compiled.packed == packed_linear.available()
+    return engine
 
 
 def test_row_padding_and_mask_widening():
@@ -95,6 +99,17 @@ def test_compiled_engine_decodes_the_same_tokens(tiny_llama, compiled_llama, mak
     assert out.tokens == eager.tokens
     assert out.step_rows == eager.step_rows  # the real rows, not the padded ones
     assert compiled_llama.compiled.recompiles() == 0  # every draft size ran on the prepared graph
+
+
+def test_compiled_engine_with_inductors_products_decodes_the_same_tokens(tiny_llama):
+    """compile_products=inductor: the compiled forward before our packed kernel (inductor's own GEMMs)."""
+    engine = Engine(tiny_llama, eos_token_ids=[], compiled=True, products="inductor")
+    assert engine.compiled.name == "compiled" and not engine.compiled.packed
+    eager = Engine(tiny_llama, eos_token_ids=[])
+    for make in (Autoregressive, lambda: TokenRecycling(vocab_size=97)):
+        out, want = engine.generate(PROMPT, make(), 40), eager.generate(PROMPT, make(), 40)
+        assert out.tokens == want.tokens and out.step_rows == want.step_rows
+    assert engine.compiled.recompiles() == 0
 
 
 def test_fixed_shapes_decode_the_same_tokens(tiny_llama, monkeypatch):

@@ -21,6 +21,8 @@ def test_gemm_shape_from_template_names_and_recorded_shapes():
     assert gemm_shape("aten::mm", [[8, 576], [576, 49152]]) == (49152, 576)
     assert gemm_shape("aten::addmm", [[960], [8, 576], [576, 960], [], []]) == (960, 576)
     assert gemm_shape("mkldnn::_linear_pointwise", [[1, 8, 576], [3072, 576], [], [], [], []]) == (3072, 576)
+    # our kernel: weight panels [n / 6, k, 6], n padded to the panels' width
+    assert gemm_shape("specbench::packed_linear", [[1, 8, 576], [512, 576, 6], [], []]) == (3072, 576)
     assert gemm_shape("aten::mm") is None  # no shapes recorded
     assert gemm_shape("aten::_scaled_dot_product_flash_attention_for_cpu", [[1, 9, 8, 64]]) is None
     assert gemm_shape("graph_0_cpp_fused_add_mean_mul_pow_rsqrt_0") is None

@@ -27,7 +27,7 @@ from specbench.registry import drafter_class, build_drafter
 from specbench.decoding.sampling import PositionSampler
 from specbench.benchmark.results import append_jsonl, repair_jsonl, write_json_atomic
 from specbench.inputs.tasks import SUBTASKS, WARMUP_QUESTION, Question, load_task
-from specbench.benchmark.settings import compiled_forward, method_params, validate
+from specbench.benchmark.settings import forward_name, method_params, validate
 from specbench.errors import SettingsError
 
 # Settings that must match for answers to be resumed or an AR run to be reused.
@@ -81,7 +81,7 @@ def identity(cfg: dict) -> dict:
         "dtype": cfg["dtype"], "device": str(cfg["device"]),
         "seed": cfg["seed"],
         # answers from the compiled forward are kept apart from eager ones (older runs: eager, no key)
-        **({"forward": "compiled"} if cfg.get("forward") == "compiled" else {}),
+        **({"forward": cfg["forward"]} if cfg.get("forward", "eager") != "eager" else {}),
     }
 
 
@@ -263,7 +263,7 @@ def run_benchmark(cfg: dict) -> dict:
     device = resolve_device(cfg["device"])
     dtype = resolve_dtype(cfg["dtype"])
     cfg["device"] = str(device)
-    cfg["forward"] = "compiled" if compiled_forward(cfg.get("compile", "off"), device) else "eager"
+    cfg["forward"] = forward_name(cfg, device)
     cfg["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
     questions = load_task(cfg["task"])
@@ -421,7 +421,8 @@ def load_engine(cfg: dict, device, dtype):
         _LOADED.clear()
         model, tok = load_model(cfg["model"], device, dtype)
         _LOADED[key] = (model, tok, Engine(model, eos_token_ids(model, tok),
-                                           compiled=cfg.get("forward") == "compiled"))
+                                           compiled=cfg.get("forward", "eager") != "eager",
+                                           products=cfg.get("compile_products", "auto")))
     return _LOADED[key]
 
 

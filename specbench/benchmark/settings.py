@@ -39,6 +39,25 @@ def compiled_forward(setting: str, device) -> bool:
     return torch.device(device).type == "cpu" and platform.machine() in ("x86_64", "AMD64")
 
 
+def _profile_flags(forward: str) -> str:
+    return {"eager": "", "compiled": " --compile --products inductor", "compiled-packed": " --compile"}[forward]
+
+
+def forward_name(cfg: dict, device) -> str:
+    """The run's target forward, as results and cost curves name it: `eager`; `compiled` (inductor's
+    own matrix products on CPU, CUDA graphs on a GPU); `compiled-packed` (the CPU compiled forward with
+    our packed kernel for the products, `compile_products`: specbench/decoding/packed_linear.py)."""
+    if not compiled_forward(cfg.get("compile", "off"), device):
+        return "eager"
+    from specbench.decoding.compiled import uses_packed_products
+
+    try:
+        packed = uses_packed_products(cfg.get("compile_products", "auto"), device, resolve_dtype(cfg["dtype"]))
+    except ValueError as e:
+        raise SettingsError(f"compile_products: {e}") from None
+    return "compiled-packed" if packed else "compiled"
+
+
 def method_params(cfg: dict) -> dict:
     return {k: v for k, v in cfg["method"].items() if k != "name"}
 
@@ -72,13 +91,16 @@ def validate(cfg: dict) -> None:
     if curve not in (None, False, "auto", "off", "none"):  # as run_cost_curve reads it
         if not isinstance(curve, str):
             raise SettingsError(f"cost_curve must be auto, off or a curve JSON path, got {curve!r}")
-        forward = "compiled" if compiled_forward(cfg.get("compile", "off"), resolve_device(cfg["device"])) else "eager"
+        forward = forward_name(cfg, resolve_device(cfg["device"]))
         measured_on = load_curve_file(curve).forward
         if measured_on != forward:
             raise SettingsError(
                 f"cost_curve {curve}: measured on the {measured_on} forward, but this run uses the {forward} "
-                f"one; profile it with scripts/profile_cost.py{' --compile' if forward == 'compiled' else ''} "
-                f"--out <file>, or set compile={'on' if measured_on == 'compiled' else 'off'}")
+                f"one; profile it with scripts/profile_cost.py{_profile_flags(forward)} --out <file>, or set "
+                f"compile={'off' if measured_on == 'eager' else 'on'}"
+                + (f" compile_products={'packed' if measured_on == 'compiled-packed' else 'inductor'}"
+                   if measured_on != 'eager' else ""))
+    forward_name(cfg, resolve_device(cfg["device"]))  # compile_products: known, and possible here
     check_model_config(cfg["model"])
     method.check_settings(method_params(cfg), {"model_name": cfg["model"]["name"], "device": cfg["device"],
                                                "dtype_name": cfg["dtype"]})

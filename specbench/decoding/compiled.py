@@ -32,6 +32,9 @@ import time
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
+from specbench.decoding import packed_linear
+from specbench.decoding.packed_linear import with_packed_linears
+
 CUDA_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128)  # one CUDA graph each; wider drafts: multiples of 64
 
 
@@ -96,6 +99,22 @@ def model_identity_guards(entries) -> list[bool]:
     return [not e.orig_guard.source.is_unspecialized_nn_module() or e.guard_type == "ID_MATCH" for e in entries]
 
 
+PRODUCTS = ("auto", "packed", "inductor")
+
+
+def uses_packed_products(products: str, device, dtype) -> bool:
+    """Whether the compiled forward's matrix products run on our packed kernel: `packed`, or `auto`
+    where the kernel runs (an x86-64 CPU with AVX2, float32 weights); `inductor` keeps inductor's own
+    (its C++ GEMM template or oneDNN, the compiled forward before the kernel existed)."""
+    if products not in PRODUCTS:
+        raise ValueError(f"products must be one of {', '.join(PRODUCTS)}, got {products!r}")
+    possible = torch.device(device).type == "cpu" and dtype == torch.float32 and packed_linear.available()
+    if products == "packed" and not possible:
+        raise ValueError("products=packed needs a float32 model on an x86-64 CPU with AVX2; "
+                         "use compile_products=inductor or auto")
+    return products != "inductor" and possible
+
+
 def cache_capacity(cache) -> int:
     return cache.layers[0].max_cache_len
 
@@ -106,14 +125,19 @@ class CompiledForward:
     `make_mask(visibility, depths, cache_len)` is the engine's mask builder: a plain step, which the
     eager forward leaves to the model, needs one here (per layer type on sliding-window models)."""
 
-    def __init__(self, model, make_mask, margin_rows: int | None = None, fixed_shapes: bool | None = None):
-        self.model = model
+    def __init__(self, model, make_mask, margin_rows: int | None = None, fixed_shapes: bool | None = None,
+                 products: str = "auto"):
         self.make_mask = make_mask
         self.device = model.device
         self.cuda = self.device.type == "cuda"
         # fixed shapes (CUDA's way: row buckets, attention over the whole buffer) can be asked for on
         # CPU too, without CUDA graphs, so that their padding and masks are checked where no GPU is
         self.fixed = self.cuda if fixed_shapes is None else fixed_shapes
+        # the matrix products: our packed kernel (CPU, float32, AVX2) or inductor's own
+        self.packed = uses_packed_products(products, self.device, model.dtype) and not self.fixed
+        t0 = time.perf_counter()
+        self.model = with_packed_linears(model) if self.packed else model
+        self.name = "compiled-packed" if self.packed else "compiled"  # the forward's name in results
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.n_layers = cfg.num_hidden_layers
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
@@ -122,7 +146,7 @@ class CompiledForward:
         self.margin = margin_rows if margin_rows is not None else (256 if self.fixed else 128)
         self.round_to = 1024 if self.fixed else 512  # capacities, each with its own graphs
         self._caches: dict[int, list] = {}  # the layers of each capacity
-        self.compile_seconds = 0.0  # spent in prepare(): compiling, CUDA graph recording
+        self.compile_seconds = time.perf_counter() - t0  # packing weights, then prepare(): compiling, recording
         self._prepared: set = set()
         self.graphs_prepared = 0
         self._one_row = (torch.ones((1, 1), dtype=torch.bool, device=self.device),
@@ -287,6 +311,9 @@ class CompiledForward:
         if self.fixed:  # CUDA, or CUDA's shapes checked on CPU, where speed does not matter
             return contextlib.nullcontext()
         import torch._inductor.config as inductor_config
+
+        if self.packed:  # no products left for inductor to choose kernels for
+            return inductor_config.patch({"freezing": True})
 
         # concat_linear: one product for linears that share an input (q/k/v, gate/up): fewer, larger GEMMs.
         # max_autotune: inductor's C++ GEMM template against oneDNN, per weight shape, fastest kept; on

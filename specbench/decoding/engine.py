@@ -45,7 +45,8 @@ class Engine:
     drafter's tokens stay where the drafter made them; tree masks, position offsets and the
     verification run on the device, and one small copy brings back the accepted path and its tokens."""
 
-    def __init__(self, model, eos_token_ids: list[int], profile: bool = False, compiled: bool = False):
+    def __init__(self, model, eos_token_ids: list[int], profile: bool = False, compiled: bool = False,
+                 products: str = "auto"):
         self.model = model.eval()
         self.device = model.device
         self.eos = set(int(e) for e in eos_token_ids)
@@ -56,12 +57,13 @@ class Engine:
         # Models that mix sliding and full layers take one mask per layer type.
         self.sliding_window = window if window and "sliding_attention" in layer_types else None
         self.mask_dtype = model.dtype
-        # compiled: verification through a compiled forward on a static cache (specbench/decoding/compiled.py)
+        # compiled: verification through a compiled forward on a static cache (specbench/decoding/compiled.py);
+        # products: its matrix products (auto | packed | inductor, compiled.uses_packed_products)
         self.compiled = None
         if compiled:
             from specbench.decoding.compiled import CompiledForward
 
-            self.compiled = CompiledForward(model, self._mask)
+            self.compiled = CompiledForward(model, self._mask, products=products)
         self.forward_time = 0.0
         self._trees: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

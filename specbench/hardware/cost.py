@@ -209,7 +209,7 @@ def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repea
         created=time.strftime("%Y-%m-%dT%H:%M:%S"),
         versions={"torch": torch.__version__, "transformers": __import__("transformers").__version__},
         roofline=roofline_for(model) if machine else None,
-        forward="eager" if engine.compiled is None else "compiled",
+        forward="eager" if engine.compiled is None else engine.compiled.name,
         compile_seconds=0.0 if engine.compiled is None else round(engine.compiled.compile_seconds, 1),
     )
 
@@ -226,7 +226,7 @@ def curve_for(model, model_name: str, dtype_name: str, measure: bool = True,
     roofline's bandwidth and matmul figures) and kept for this process only;
     or None when `measure` is false and nothing is at hand."""
     dev_name = device_name(model.device)
-    forward = "eager" if engine is None or engine.compiled is None else "compiled"
+    forward = "eager" if engine is None or engine.compiled is None else engine.compiled.name
     cached = load_cached(model_name, dev_name, dtype_name, forward)
     if cached is not None:
         return cached

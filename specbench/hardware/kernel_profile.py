@@ -10,7 +10,8 @@ shape is known the table adds what it achieved:
 Shapes come from inductor's C++ GEMM template, whose kernels are named after them
 (`graph_0_gemm_ms27n3072k576_kernel`: n = 3072 outputs, k = 576 inputs, the row count symbolic),
 or, for `aten::mm` / `aten::addmm` (eager, or MKL chosen by inductor) and oneDNN's
-`mkldnn::_linear_pointwise` (inductor's other choice for a frozen weight), from the recorded input
+`mkldnn::_linear_pointwise` (inductor's other choice for a frozen weight) and our
+`specbench::packed_linear` (the compiled forward's default products on CPU), from the recorded input
 shapes. Inductor names its
 kernels in the profile only when `torch._inductor.config.cpp.enable_kernel_profile` is set before
 compiling (scripts/profile_kernels.py does so).
@@ -24,6 +25,9 @@ from dataclasses import dataclass
 GEMM_TEMPLATE_NAME = re.compile(r"gemm_m\w*?n(\d+)k(\d+)")
 SHAPED_MATMULS = ("aten::mm", "aten::addmm")  # (input [m, k], weight [k, n]); addmm: bias first
 PACKED_LINEARS = ("mkldnn::_linear_pointwise",)  # oneDNN with prepacked weights: (input [..., k], weight [n, k])
+# our kernel (specbench/decoding/packed_linear.py): (input [..., k], weight panels [n / 6, k, 6], ...);
+# n is the panels' padded width, which is what the kernel reads
+PANEL_LINEARS = ("specbench::packed_linear",)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,10 @@ def gemm_shape(name: str, input_shapes=None) -> tuple[int, int] | None:
             shapes = shapes[1:]
         if len(shapes) >= 2 and len(shapes[0]) == 2 and len(shapes[1]) == 2:
             return int(shapes[1][1]), int(shapes[0][1])
+    if name in PANEL_LINEARS and input_shapes and len(input_shapes) >= 2:
+        x, w = input_shapes[0], input_shapes[1]
+        if x and len(w) == 3 and w[1] == x[-1]:
+            return int(w[0]) * int(w[2]), int(w[1])
     if name in PACKED_LINEARS and input_shapes and len(input_shapes) >= 2:
         x, w = input_shapes[0], input_shapes[1]
         if x and len(w) == 2 and w[1] == x[-1]:
