@@ -24,6 +24,7 @@ namespace {
 
 constexpr int64_t kPanel = 6;            // output columns per panel
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead of the reads each stream is fetched
+constexpr int64_t kFewRows = 4;           // up to this many rows: weights in the lanes (tile_few)
 
 // 8 rows in one vector; `NP` adjacent panels (6 * NP columns), each its own stream
 template <int NP>
@@ -35,7 +36,7 @@ inline void tile8(const float* xt, const float* w, int64_t K, float* acc) {
     const __m256 xv = _mm256_load_ps(xt + 8 * k);
     for (int q = 0; q < NP; ++q) {
       const float* wk = w + q * kPanel * K + kPanel * k;
-      _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
+      if ((k & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
       for (int j = 0; j < kPanel; ++j) c[q][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(wk + j), xv, c[q][j]);
     }
   }
@@ -63,6 +64,47 @@ inline void tile16(const float* xt, const float* w, int64_t K, float* acc) {
   }
 }
 
+// Up to 4 rows: the weights in the lanes instead (a vector holds one k of a panel: its 6 columns and 2
+// lanes of the next k, ignored), each row's x broadcast. One FMA then does 6 weights' work for a row
+// instead of 1, so one or two rows are not held back by the arithmetic. fma(x, w, acc) here and
+// fma(w, x, acc) above round the same exact product: the results are bit for bit those of tile8.
+template <int NP, int MR>
+inline void tile_few(const float* a, const float* w, int64_t K, float* acc) {
+  __m256 c[NP][MR];
+  for (int q = 0; q < NP; ++q)
+    for (int m = 0; m < MR; ++m) c[q][m] = _mm256_setzero_ps();
+  const __m256i first6 = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 xv[MR];
+    for (int m = 0; m < MR; ++m) xv[m] = _mm256_broadcast_ss(a + m * K + k);
+    for (int q = 0; q < NP; ++q) {
+      const float* wk = w + q * kPanel * K + kPanel * k;
+      if ((k & 1) == 0)  // a panel advances 24 bytes per k: one prefetch per two k reaches every line
+        _mm_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchBytes, _MM_HINT_T0);
+      // the last k of the last panel must not read past the weights
+      const __m256 wv = k + 1 < K ? _mm256_loadu_ps(wk) : _mm256_maskload_ps(wk, first6);
+      for (int m = 0; m < MR; ++m) c[q][m] = _mm256_fmadd_ps(xv[m], wv, c[q][m]);
+    }
+  }
+  // acc[j * 8 + m]: column j of the tile, row m (the 8-lane layout of tile8)
+  alignas(32) float t[8];
+  for (int q = 0; q < NP; ++q)
+    for (int m = 0; m < MR; ++m) {
+      _mm256_store_ps(t, c[q][m]);
+      for (int j = 0; j < kPanel; ++j) acc[(kPanel * q + j) * 8 + m] = t[j];
+    }
+}
+
+template <int NP>
+inline void tile_few_rows(int64_t rows, const float* a, const float* w, int64_t K, float* acc) {
+  switch (rows) {
+    case 1: tile_few<NP, 1>(a, w, K, acc); break;
+    case 2: tile_few<NP, 2>(a, w, K, acc); break;
+    case 3: tile_few<NP, 3>(a, w, K, acc); break;
+    default: tile_few<NP, 4>(a, w, K, acc); break;
+  }
+}
+
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "packed_linear: float32 only");
   TORCH_CHECK(w.dim() == 3 && w.size(2) == kPanel && w.is_contiguous(), "packed_linear: w must be packed [P, K, 6]");
@@ -84,22 +126,32 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n, co
   float* xt = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(xt_buf.data_ptr<float>()) + 31) & ~uintptr_t(31));
   for (int64_t r0 = 0; r0 < M; r0 += 16) {
     const int64_t mb = std::min<int64_t>(16, M - r0), lanes = mb <= 8 ? 8 : 16;
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t m = 0; m < lanes; ++m) xt[k * lanes + m] = m < mb ? a[(r0 + m) * K + k] : 0.f;
-    const int64_t per = lanes == 8 ? 2 : 1;  // panels per tile: 12 accumulators either way
+    const bool few = mb <= kFewRows;
+    if (!few)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t m = 0; m < lanes; ++m) xt[k * lanes + m] = m < mb ? a[(r0 + m) * K + k] : 0.f;
+    // panels per tile: 12 accumulators (few rows: 6 panels x 2 rows or 3 x 4; else 2 x 6 columns of
+    // 8 rows, or 1 x 6 columns of 16 rows)
+    const int64_t per = few ? (mb <= 2 ? 6 : 3) : (lanes == 8 ? 2 : 1);
     const int64_t tiles = (P + per - 1) / per;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      alignas(32) float acc[2 * kPanel * 8];
+      alignas(32) float acc[6 * kPanel * 8];
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t p = t * per, np = std::min<int64_t>(per, P - p);
         const float* wt = wp + p * kPanel * K;
-        if (lanes == 16) tile16(xt, wt, K, acc);
+        if (few) {
+          // whole tiles, then single panels at the end
+          if (np == per && per == 6) tile_few_rows<6>(mb, a + r0 * K, wt, K, acc);
+          else if (np == per) tile_few_rows<3>(mb, a + r0 * K, wt, K, acc);
+          else for (int64_t q = 0; q < np; ++q) tile_few_rows<1>(mb, a + r0 * K, wt + q * kPanel * K, K, acc + q * kPanel * 8);
+        } else if (lanes == 16) tile16(xt, wt, K, acc);
         else if (np == 2) tile8<2>(xt, wt, K, acc);
         else tile8<1>(xt, wt, K, acc);
         const int64_t col0 = p * kPanel, ncols = std::min<int64_t>(kPanel * np, n - col0);
+        const int64_t stride = few ? 8 : lanes;
         for (int64_t m = 0; m < mb; ++m) {
           float* orow = o + (r0 + m) * n + col0;
-          for (int64_t j = 0; j < ncols; ++j) orow[j] = acc[j * lanes + m] + (bi ? bi[col0 + j] : 0.f);
+          for (int64_t j = 0; j < ncols; ++j) orow[j] = acc[j * stride + m] + (bi ? bi[col0 + j] : 0.f);
         }
       }
     });
