@@ -46,8 +46,10 @@ CASES = [
     ("top_p=1.5", ["top_p=1.5"], r"top_p must be in \(0, 1\] \(1 = off\), got 1.5", "in-process"),
     ("unknown compile setting", ["compile=maybe"], r"compile must be one of auto, on, off, got 'maybe'", "in-process"),
     ("cost curve of the other forward", ["compile=on", "cost_curve={tmp}/eager_curve.json"],
-     r"measured on the eager forward, but this run uses the compiled one; profile it with "
+     r"measured on the eager forward, but this run uses the compiled(-packed)? one; profile it with "
      r"scripts/profile_cost.py --compile", "in-process"),
+    ("unknown compile_products", ["compile_products=fast"],
+     r"compile_products must be one of auto, packed, inductor, got 'fast'", "in-process"),
     ("unknown dtype", ["dtype=float64"], r"unknown dtype 'float64'. Valid dtypes: float32, float16, bfloat16", "in-process"),
     ("task.per_subtask=0", ["task.per_subtask=0"], r"task.per_subtask must be at least 1, got 0", "in-process"),
     ("results_dir of other settings", ["results_dir={tmp}/other_run"],

@@ -87,6 +87,11 @@ def validate(cfg: dict) -> None:
     resolve_device(cfg["device"])
     if cfg.get("compile", "off") not in COMPILE:
         raise SettingsError(f"compile must be one of {', '.join(COMPILE)}, got {cfg['compile']!r}")
+    from specbench.decoding.compiled import PRODUCTS
+
+    if cfg.get("compile_products", "auto") not in PRODUCTS:
+        raise SettingsError(f"compile_products must be one of {', '.join(PRODUCTS)}, "
+                            f"got {cfg['compile_products']!r}")
     curve = cfg.get("cost_curve", "auto")
     if curve not in (None, False, "auto", "off", "none"):  # as run_cost_curve reads it
         if not isinstance(curve, str):
