@@ -92,11 +92,11 @@ def validate(cfg: dict) -> None:
     if cfg.get("compile_products", "auto") not in PRODUCTS:
         raise SettingsError(f"compile_products must be one of {', '.join(PRODUCTS)}, "
                             f"got {cfg['compile_products']!r}")
+    forward = forward_name(cfg, resolve_device(cfg["device"]))  # compile_products: possible here
     curve = cfg.get("cost_curve", "auto")
     if curve not in (None, False, "auto", "off", "none"):  # as run_cost_curve reads it
         if not isinstance(curve, str):
             raise SettingsError(f"cost_curve must be auto, off or a curve JSON path, got {curve!r}")
-        forward = forward_name(cfg, resolve_device(cfg["device"]))
         measured_on = load_curve_file(curve).forward
         if measured_on != forward:
             raise SettingsError(
@@ -105,7 +105,6 @@ def validate(cfg: dict) -> None:
                 f"compile={'off' if measured_on == 'eager' else 'on'}"
                 + (f" compile_products={'packed' if measured_on == 'compiled-packed' else 'inductor'}"
                    if measured_on != 'eager' else ""))
-    forward_name(cfg, resolve_device(cfg["device"]))  # compile_products: known, and possible here
     check_model_config(cfg["model"])
     method.check_settings(method_params(cfg), {"model_name": cfg["model"]["name"], "device": cfg["device"],
                                                "dtype_name": cfg["dtype"]})

@@ -9,7 +9,8 @@ This module runs the same verification forward compiled:
 - on CPU attention sees the live rows only (`LiveStaticLayer`: their count is symbolic in the graph),
   so the mask is `[1, 1, rows, live rows]`; a CUDA graph has fixed shapes and sees the whole buffer,
   its mask `[1, 1, rows, capacity]` hiding every column past the live rows (stale tree rows, zeros);
-- CPU: inductor with frozen weights and the row count symbolic, so one graph per cache capacity
+- CPU: the matrix products on our packed kernel (packed_linear.py; `products="inductor"`: inductor's
+  own), the rest compiled by inductor with frozen weights and the row count symbolic, so one graph per cache capacity
   serves every draft size (no recompile per size). The row count is padded to at least 2: a size-1
   dimension is specialised, and the static-M path packs weights for MKL, whose small-M products are
   2-4x slower here than oneDNN's (lm_head, 1 row: 8.3 ms against 4.4 ms);

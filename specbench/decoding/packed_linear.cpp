@@ -9,9 +9,10 @@
 // and used for every row at once, so the read and the arithmetic overlap.
 //
 // Layout: W [n, K] is packed as panels of 6 output columns, w[p][k][j] = W[6p + j][k] (zero-padded),
-// so a step reads the weights front to back. The step's rows are held in vector lanes (x transposed:
-// 8 lanes for up to 8 rows, 16 for up to 16); each weight is broadcast once and multiplied into all
-// lanes. Blocks of 16 rows repeat this (a prefill), rereading the weights.
+// so a step reads the weights front to back. Up to 4 rows, a vector holds one k of a panel and each
+// row's x is broadcast (tile_few); from 5 to 16 rows, the rows are held in vector lanes (x transposed:
+// 8 lanes for up to 8 rows, 16 for up to 16) and each weight is broadcast once and multiplied into all
+// lanes (tile8, tile16). Blocks of 16 rows repeat this (a prefill), rereading the weights.
 //
 // Every output is one fused multiply-add chain over k = 0..K-1 in order, whatever the number of rows
 // and whichever tile computed it: a row's result does not depend on the rows beside it (batch
