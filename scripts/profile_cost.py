@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specbench.decoding.compiled import PRODUCTS  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.hardware.cost import cache_path, measure_cost_curve  # noqa: E402
+from specbench.hardware.roofline import width_ratios  # noqa: E402
 from specbench.inputs.models import add_model_arguments, load_model_from_arguments  # noqa: E402
 
 
@@ -64,6 +65,10 @@ def main(argv=None) -> int:
         f = curve.floor(w)
         print(f"{f'w={w}:':<6} t {t * 1e3:7.1f} ms   floor {f * 1e3:7.1f} ms   t/floor {t / f:5.2f}   "
               f"{rl.limit(w, curve.context_len)}-bound")
+    ratios = width_ratios(curve, (2, 4, 8, 16, 32))
+    if ratios:
+        print("  ".join(f"t({r['w']})/t(1) {r['t_ratio']:.2f}" + ("" if r["floor_ratio"] is None else
+                        f" (floor {r['floor_ratio']:.2f})") for r in ratios))
     for p in paths:
         print(f"wrote {p}")
     return 0

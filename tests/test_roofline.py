@@ -139,3 +139,15 @@ def test_measured_curve_carries_the_machine_figures(tiny_llama, monkeypatch):
     monkeypatch.setattr(roofline, "measure_bandwidth", lambda device: 1 / 0)  # cached per device/dtype
     assert measure_cost_curve(tiny_llama, widths=[2], context_len=8, repeats=1, warmup=0,
                               machine=True).roofline.bandwidth == 2e10
+
+
+def test_width_ratios_put_the_floor_ratio_beside_the_measured_one():
+    # 1 GB at 10 GB/s = 0.1 s; a row costs 2 GFLOP at 100 GFLOP/s = 0.02 s: compute-bound past 5 rows
+    rl = Roofline(bandwidth=10e9, throughput=100e9, weight_bytes=1_000_000_000, linear_params=1_000_000_000,
+                  attn_per_key=0)
+    c = CostCurve(widths=[1, 8, 16], times=[0.2, 0.3, 0.5], context_len=10, roofline=rl)
+    r = roofline.width_ratios(c, (8, 16, 32))  # 32 was not measured: left out
+    assert [x["w"] for x in r] == [8, 16]
+    assert r[0]["t_ratio"] == pytest.approx(1.5) and r[0]["floor_ratio"] == pytest.approx(1.6)
+    assert r[1]["t_ratio"] == pytest.approx(2.5) and r[1]["floor_ratio"] == pytest.approx(3.2)
+    assert roofline.width_ratios(CostCurve(widths=[1, 8], times=[0.1, 0.2]))[0]["floor_ratio"] is None

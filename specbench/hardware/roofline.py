@@ -103,6 +103,23 @@ def forward_vs_floor(curve, mean_rows: float | None = None) -> dict | None:
     return out
 
 
+def width_ratios(curve, widths=(8, 16)) -> list[dict]:
+    """t(w)/t(1) beside floor(w)/floor(1) for each w the curve measured: how much a w-row step costs
+    over a one-row step, and how much it must cost at the least on this machine. The second depends
+    on the machine's balance: where bandwidth / throughput is high, w rows are compute-bound early and
+    floor(w)/floor(1) alone can exceed a target set for t(w)/t(1)."""
+    rl = getattr(curve, "roofline", None)
+    out = []
+    for w in widths:
+        if w not in curve.widths:
+            continue
+        r = {"w": w, "t_ratio": curve.t(w) / curve.t(1), "floor_ratio": None}
+        if rl is not None:
+            r["floor_ratio"] = rl.floor(w, curve.context_len) / rl.floor(1, curve.context_len)
+        out.append(r)
+    return out
+
+
 def footer_lines(summary: dict) -> list[str]:
     """The console table's line about t(1)/floor; none when the summary has no `forward_vs_floor`."""
     f = summary.get("forward_vs_floor")
