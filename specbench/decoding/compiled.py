@@ -314,8 +314,11 @@ class CompiledForward:
         import torch._inductor.config as inductor_config
 
         if self.packed:  # no products left for inductor to choose kernels for. cpp_wrapper: the graph's
-            # ~200 kernel and op calls from C++, not Python (the Python wrapper cost 3.7 ms per step)
-            return inductor_config.patch({"freezing": True, "cpp_wrapper": True})
+            # ~200 kernel and op calls from C++, not Python (the Python wrapper cost 3.7 ms per step).
+            # realize_opcount_threshold: the rotary cos/sin are computed once per step into a buffer;
+            # at the default (30) inductor inlined them into each layer's q and k kernels, 60 times a
+            # step, which cost 1.1 ms of a 16-row step (0.3 ms now; kernels.md under the profiler)
+            return inductor_config.patch({"freezing": True, "cpp_wrapper": True, "realize_opcount_threshold": 4})
 
         # concat_linear: one product for linears that share an input (q/k/v, gate/up): fewer, larger GEMMs.
         # max_autotune: inductor's C++ GEMM template against oneDNN, per weight shape, fastest kept; on

@@ -131,9 +131,10 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n, co
     if (!few)
       for (int64_t k = 0; k < K; ++k)
         for (int64_t m = 0; m < lanes; ++m) xt[k * lanes + m] = m < mb ? a[(r0 + m) * K + k] : 0.f;
-    // panels per tile: 12 accumulators (few rows: 6 panels x 2 rows or 3 x 4; else 2 x 6 columns of
-    // 8 rows, or 1 x 6 columns of 16 rows)
-    const int64_t per = few ? (mb <= 2 ? 6 : 3) : (lanes == 8 ? 2 : 1);
+    // panels per tile: at most 12 accumulators (few rows: 6 panels x 2 rows, 3 x 3, 2 x 4: 3 x 4 would
+    // need 12 accumulators + 4 broadcast rows + the weights, more than AVX2's 16 registers, and its
+    // spills made 4 rows cost 10% more than 3; else 2 x 6 columns of 8 rows, or 1 x 6 columns of 16)
+    const int64_t per = few ? (mb <= 2 ? 6 : mb == 3 ? 3 : 2) : (lanes == 8 ? 2 : 1);
     const int64_t tiles = (P + per - 1) / per;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
       alignas(32) float acc[6 * kPanel * 8];
@@ -143,7 +144,8 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n, co
         if (few) {
           // whole tiles, then single panels at the end
           if (np == per && per == 6) tile_few_rows<6>(mb, a + r0 * K, wt, K, acc);
-          else if (np == per) tile_few_rows<3>(mb, a + r0 * K, wt, K, acc);
+          else if (np == per && per == 3) tile_few_rows<3>(mb, a + r0 * K, wt, K, acc);
+          else if (np == per) tile_few_rows<2>(mb, a + r0 * K, wt, K, acc);
           else for (int64_t q = 0; q < np; ++q) tile_few_rows<1>(mb, a + r0 * K, wt + q * kPanel * K, K, acc + q * kPanel * 8);
         } else if (lanes == 16) tile16(xt, wt, K, acc);
         else if (np == 2) tile8<2>(xt, wt, K, acc);
