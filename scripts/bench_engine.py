@@ -8,6 +8,10 @@
    (drafting, masks, verification, KV compaction, matrix update).
 3. For Token Recycling at temperature 0.7: the share of the step spent drawing the target's
    samples (filtering, position-keyed Gumbel noise for every tree depth, argmax).
+4. With `--step-overheads tr_fused,pld,...`: the same split as 2 for those methods on the compiled
+   forward, where a step is 25-40 ms on this CPU and the work outside the forward weighs more:
+   ms per step inside and outside the forward, and the share outside. Methods that read the cost
+   curve get the compiled forward's (the runner's cache, else a quick one measured here).
 
     python scripts/bench_engine.py --questions path/to/question.jsonl --per-subtask 1 --max-new-tokens 128
 """
@@ -33,6 +37,9 @@ from specbench.inputs.models import add_model_arguments, eos_token_ids, load_mod
 from specbench.decoding.sampling import PositionSampler  # noqa: E402
 from specbench.inputs.tasks import MINI, load_jsonl_questions, select_per_subtask  # noqa: E402
 from specbench.hardware.timing import now  # noqa: E402
+from specbench.hardware.cost import resolve_curve  # noqa: E402
+from specbench.errors import SettingsError  # noqa: E402
+from specbench.registry import build_drafter, drafter_class  # noqa: E402
 
 
 class TimedSampler:
@@ -65,7 +72,14 @@ def main(argv=None) -> None:
                     help="the compiled forward's matrix products (compile_products; auto = packed where it runs)")
     ap.add_argument("--also-inductor", action="store_true",
                     help="part 1 also times AR on the compiled forward with inductor's own products")
+    ap.add_argument("--step-overheads", default="",
+                    help="comma-separated methods: part 4, the step outside the forward on the compiled forward")
     args = ap.parse_args(argv)
+    for name in filter(None, args.step_overheads.split(",")):  # refused now, not after part 1's minutes
+        try:
+            drafter_class(name)
+        except SettingsError as e:
+            ap.error(str(e))
 
     mcfg, model, tok, device, _ = load_model_from_arguments(ap, args)
     eos = eos_token_ids(model, tok)
@@ -145,6 +159,9 @@ def main(argv=None) -> None:
         })
     if not args.ar_only:
         res.update(tr_overheads(model, eos, prompts, args, device))
+    if args.step_overheads.strip(","):
+        res["compiled_step_overheads"] = step_overheads(compiled, model, mcfg["name"], args.dtype, prompts,
+                                                        [m for m in args.step_overheads.split(",") if m], args.max_new_tokens)
     print(json.dumps(res, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
@@ -179,6 +196,34 @@ def tr_overheads(model, eos, prompts, args, device) -> dict:
         "tr_t0.7_ms_sampling_per_step": 1000 * sampler.seconds / sampler.calls,
         "tr_t0.7_share_sampling": sampler.seconds / s_decode,
     }
+
+
+def step_overheads(engine, model, model_name, dtype_name, prompts, methods, max_new) -> dict:
+    """Part 4: per method, ms per decoding step inside and outside the forward on `engine`'s (compiled)
+    forward, over every prompt after one warm-up generation."""
+    curve = resolve_curve(None, model, model_name, dtype_name, engine=engine)
+    engine.profile = True
+    out = {}
+    for name in methods:
+        drafter = build_drafter(name, vocab_size=model.get_output_embeddings().weight.shape[0],
+                                device=engine.device, model=model, model_name=model_name, dtype_name=dtype_name,
+                                hardware_curve=curve)
+        engine.generate(prompts[0], drafter, max_new)  # warm-up: first-call costs, a hot start
+        decode, fwd, steps, rows = 0.0, 0.0, 0, 0
+        for ids in prompts:
+            r = engine.generate(ids, drafter, max_new)
+            decode += r.wall_time - r.prefill_time
+            fwd += r.forward_time
+            steps += r.decoding_steps
+            rows += sum(r.step_rows)
+        out[name] = {"steps": steps, "rows_per_step": rows / steps, "ms_per_step": 1000 * decode / steps,
+                     "ms_forward_per_step": 1000 * fwd / steps, "ms_outside_forward_per_step": 1000 * (decode - fwd) / steps,
+                     "share_outside_forward": (decode - fwd) / decode}
+        print(f"{name}: {out[name]['ms_per_step']:.1f} ms per step ({out[name]['rows_per_step']:.1f} rows), "
+              f"{out[name]['ms_outside_forward_per_step']:.2f} ms outside the forward "
+              f"({100 * out[name]['share_outside_forward']:.1f}%)", flush=True)
+    engine.profile = False
+    return out
 
 
 if __name__ == "__main__":

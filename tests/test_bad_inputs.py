@@ -163,3 +163,17 @@ def test_scripts_refuse_an_unknown_model_with_the_valid_names(script, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "error: unknown model 'nope'; valid names:" in err and "smollm2-135m" in err
+
+
+def test_bench_engine_refuses_an_unknown_method_before_loading_anything(capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
+    spec = importlib.util.spec_from_file_location("bench_engine", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--step-overheads", "tr_fused,nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unknown method 'nope'. Valid methods:" in err and "tr_fused" in err
