@@ -23,9 +23,9 @@ What is counted (the floor is optimistic by construction, so the ratio errs towa
     (`measure_matmul`), device-synchronised. Both are what torch reaches on this device, not its
     datasheet figures.
 
-The pure functions (`flops`, `floor_time`, `Roofline.floor`, `forward_vs_floor`, `width_ratios`) are separate from
-the measuring ones (`measure_bandwidth`, `measure_matmul`, `machine_figures`) and from the ones that
-read a model (`forward_flops`, `weight_bytes`, `model_figures`).
+The pure functions (`flops`, `floor_time`, `Roofline.floor`, `forward_vs_floor`, `width_ratios`) are
+separate from the measuring ones (`measure_bandwidth`, `measure_matmul`, `machine_figures`) and from
+the ones that read a model (`forward_flops`, `weight_bytes`, `model_figures`).
 """
 
 from __future__ import annotations
