@@ -148,32 +148,31 @@ def test_every_method_says_what_it_accepts():
         drafter_class("medusa").check_settings({"typical": "yes"}, target)
 
 
+def load_script(name: str):
+    """scripts/<name>.py as a module (the scripts are not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.parametrize("script", ["profile_cost", "profile_kernels", "bench_engine"])
 def test_scripts_refuse_an_unknown_model_with_the_valid_names(script, capsys):
     """The scripts' `--model NAME` goes through `named_model_config`: one `error:` line, exit 2, before
     any model loads."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{script}.py"
-    spec = importlib.util.spec_from_file_location(script, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     with pytest.raises(SystemExit) as exc:
-        mod.main(["--model", "nope"])
+        load_script(script).main(["--model", "nope"])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "error: unknown model 'nope'; valid names:" in err and "smollm2-135m" in err
 
 
 def test_bench_engine_refuses_an_unknown_method_before_loading_anything(capsys):
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
-    spec = importlib.util.spec_from_file_location("bench_engine", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     with pytest.raises(SystemExit) as exc:
-        mod.main(["--step-overheads", "tr_fused,nope"])
+        load_script("bench_engine").main(["--step-overheads", "tr_fused,nope"])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "unknown method 'nope'. Valid methods:" in err and "tr_fused" in err
