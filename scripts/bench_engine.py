@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specbench.methods.ar import Autoregressive  # noqa: E402
 from specbench.methods.tr import TokenRecycling  # noqa: E402
 from specbench.inputs.chat import prompt_ids  # noqa: E402
-from specbench.decoding.compiled import PRODUCTS  # noqa: E402
+from specbench.decoding.forward_choice import PRODUCTS  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.inputs.models import add_model_arguments, eos_token_ids, load_model_from_arguments  # noqa: E402
 from specbench.decoding.sampling import PositionSampler  # noqa: E402

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specbench.decoding.compiled import PRODUCTS  # noqa: E402
+from specbench.decoding.forward_choice import PRODUCTS  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.hardware.cost import cache_path, measure_cost_curve  # noqa: E402
 from specbench.hardware.roofline import width_ratios  # noqa: E402

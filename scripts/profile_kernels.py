@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specbench.decoding.compiled import PRODUCTS  # noqa: E402
+from specbench.decoding.forward_choice import PRODUCTS  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.decoding.kv_cache import compact_kv_cache  # noqa: E402
 from specbench.hardware.cost import filled_cache_and_drafts  # noqa: E402

@@ -45,6 +45,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from specbench.decoding.kv_cache import with_cache  # noqa: E402
 from specbench.inputs.chat import prompt_ids  # noqa: E402
 from specbench.methods.medusa_heads import MedusaHeads, load_heads, save_heads  # noqa: E402
 from specbench.inputs.models import cache_root, eos_token_ids, load_model, resolve_device, resolve_dtype  # noqa: E402
@@ -332,7 +333,7 @@ def greedy_answers(model, batch_ids: list[list[int]], max_new_tokens: int, eos: 
     lm_head = model.get_output_embeddings()
     for _ in range(max_new_tokens):
         out = model.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                          past_key_values=cache, use_cache=True)
+                          **with_cache(model.model, cache), use_cache=True)
         h = out.last_hidden_state[:, -1]
         nxt = lm_head(h).argmax(-1)
         h_cpu, nxt_cpu = h.to(torch.float16).cpu(), nxt.cpu()

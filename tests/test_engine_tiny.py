@@ -8,7 +8,7 @@ from specbench.methods.ar import Autoregressive
 from specbench.methods.tr import TokenRecycling
 from specbench.drafter import Draft
 from specbench.decoding.engine import Engine
-from specbench.decoding.kv_cache import compact_kv_cache
+from specbench.decoding.kv_cache import compact_kv_cache, with_cache
 from specbench.decoding.tree import DraftTree
 
 
@@ -20,7 +20,7 @@ def sequential_logits(model, ids):
 def prefill(model, ids):
     cache = DynamicCache()
     with torch.no_grad():
-        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids]), **with_cache(model, cache), use_cache=True)
     return cache
 
 

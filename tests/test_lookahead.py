@@ -11,6 +11,7 @@ from specbench.methods.ar import Autoregressive
 from specbench.methods.lookahead import Lookahead, NgramPool, candidate_tree, top_level_rows, window_layout
 from specbench.drafter import DecodeState, StepOutcome
 from specbench.decoding.engine import Engine
+from specbench.decoding.kv_cache import with_cache
 from specbench.registry import build_drafter
 from specbench.decoding.sampling import PositionSampler
 from specbench.decoding.tree import DraftTree
@@ -94,7 +95,7 @@ def test_engine_forward_with_window_matches_sequential(tiny_llama):
 
     cache = DynamicCache()
     with torch.no_grad():
-        model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids[:-1]]), **with_cache(model, cache), use_cache=True)
     hook = model.register_forward_pre_hook(grab, with_kwargs=True)
     try:
         logits, _ = Engine(model, [0]).forward_rows(cache, len(ids) - 1, draft, root)

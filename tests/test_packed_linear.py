@@ -8,7 +8,7 @@ from torch import nn
 from specbench.decoding import packed_linear
 from specbench.decoding.packed_linear import PackedLinear, pack_weight, with_packed_linears
 
-pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="the kernel needs x86-64 with AVX2")
+pytestmark = pytest.mark.usefixtures("packed_kernel")  # skipped, with the reason, where it cannot build
 
 
 def test_pack_weight_layout():

@@ -10,6 +10,7 @@ import torch
 from specbench.inputs.chat import prompt_ids
 from specbench.drafter import Draft
 from specbench.decoding.engine import Engine
+from specbench.decoding.kv_cache import with_cache
 from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask
 from specbench.decoding.tree import DraftTree
 from transformers import DynamicCache
@@ -41,7 +42,7 @@ def test_published_tree_forward_matches_sequential(real_model, prompts):
     draft = Draft(tokens=torch.randint(0, 49152, (len(tree),), generator=g), tree=tree)
     cache = DynamicCache()
     with torch.no_grad():
-        model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids[:-1]]), **with_cache(model, cache), use_cache=True)
     logits, _ = Engine(model, eos).forward_rows(cache, len(ids) - 1, draft, ids[-1])
     toks = draft.tokens.tolist()
     for node in (0, 1, 9, 30, 57, 80):  # the root and nodes at depths 1..6

@@ -22,12 +22,13 @@ from specbench.hardware import cost, roofline
 from specbench.benchmark import lossless, metrics
 from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.decoding.engine import Engine
+from specbench.decoding.forward_choice import ForwardChoice, choose_forward
 from specbench.inputs.models import eos_token_ids, load_model, resolve_device, resolve_dtype
 from specbench.registry import drafter_class, build_drafter
 from specbench.decoding.sampling import PositionSampler
 from specbench.benchmark.results import append_jsonl, repair_jsonl, write_json_atomic
 from specbench.inputs.tasks import SUBTASKS, WARMUP_QUESTION, Question, load_task
-from specbench.benchmark.settings import forward_name, method_params, validate
+from specbench.benchmark.settings import method_params, validate
 from specbench.errors import SettingsError
 
 # Settings that must match for answers to be resumed or an AR run to be reused.
@@ -123,6 +124,8 @@ def reserve_compiled_cache(engine: Engine, drafters: list, tokenizer, questions:
     compiling (outside the clock, but inside the sweep's wall time)."""
     if engine.compiled is None or engine.compiled.fixed or not questions:
         return
+    print(f"compiling the {engine.forward_name} forward before anything is timed (minutes the first time on a "
+          "machine; inductor's cache makes later runs quicker)", file=sys.stderr)
     longest = longest_prompt_bound(tokenizer, questions, template, max_new)
     for hidden in sorted({bool(d.needs_hidden_states) for d in drafters}):
         engine.new_cache(longest, max_new, hidden)
@@ -263,7 +266,7 @@ def run_benchmark(cfg: dict) -> dict:
     device = resolve_device(cfg["device"])
     dtype = resolve_dtype(cfg["dtype"])
     cfg["device"] = str(device)
-    cfg["forward"] = forward_name(cfg, device)
+    cfg["forward"] = choose_run_forward(cfg, device, dtype)
     cfg["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
     questions = load_task(cfg["task"])
@@ -300,6 +303,15 @@ def run_benchmark(cfg: dict) -> dict:
         base_done = {r["question_id"]: r for r in repair_jsonl(base_path)}
 
     model, tok, engine = load_engine(cfg, device, dtype)
+    template = cfg["model"].get("chat_template", "auto")
+    max_new = int(cfg["max_new_tokens"])
+    todo = [q for q in questions if q.question_id not in done]
+    reserve_compiled_cache(engine, [drafter_class("ar"), drafter_class(method)], tok, todo, template, max_new)
+    if engine.forward_name != cfg["forward"]:  # compiling the model failed: the engine went on eager
+        cfg["forward"] = engine.forward_name
+        _check_identity(out_dir, run_identity(cfg))  # answers resumed from the compiled forward do not mix
+        write_json_atomic(out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
+        cfg["cost_curve"] = "auto" if cfg.get("cost_curve") not in (None, False, "off", "none") else "off"
     curve = run_cost_curve(cfg, model, engine)
     if curve is not None:
         curve.save(out_dir / "cost_curve.json")
@@ -310,13 +322,9 @@ def run_benchmark(cfg: dict) -> dict:
                             device=device, model=model, model_name=cfg["model"]["name"],
                             dtype_name=cfg["dtype"], hardware_curve=curve, **params)
     ar = build_drafter("ar")
-    template = cfg["model"].get("chat_template", "auto")
-    max_new = int(cfg["max_new_tokens"])
     tolerance = cfg["lossless"].get("tie_tolerance") or lossless.TIE_TOLERANCE[cfg["dtype"]]
     sampler = make_sampler(cfg)
 
-    todo = [q for q in questions if q.question_id not in done]
-    reserve_compiled_cache(engine, [ar, drafter], tok, todo, template, max_new)
     if todo and cfg["warmup"]:
         warm_up(cfg, engine, [ar] if method == "ar" else [ar, drafter], tok, questions, template, max_new, sampler)
 
@@ -398,6 +406,20 @@ def warm_up(cfg: dict, engine: Engine, drafters: list, tok, questions: list[Ques
             d.reset()
 
 
+def choose_run_forward(cfg: dict, device, dtype) -> str:
+    """The forward this run gets on this machine (forward_choice.choose_forward), each step down from
+    what the settings ask for said in one line. A cost-curve file measured on the forward asked for
+    no longer fits a run that stepped down: it measures a quick curve on its own forward instead."""
+    choice = choose_forward(cfg.get("compile", "off"), cfg.get("compile_products", "auto"), device, dtype)
+    for line in choice.warnings:
+        print(line, file=sys.stderr)
+    if choice.warnings and cfg.get("cost_curve") not in (None, False, "auto", "off", "none"):
+        print(f"warning: cost_curve {cfg['cost_curve']} was measured on another forward: this run measures "
+              "a quick curve on its own", file=sys.stderr)
+        cfg["cost_curve"] = "auto"
+    return choice.name
+
+
 def run_cost_curve(cfg: dict, model, engine: Engine | None = None) -> cost.CostCurve | None:
     """The cost curve behind the run's speedup bound: `cost_curve=auto` takes the profiled one cached
     for this model, device, dtype and forward, else measures a quick one (seconds); `off` none; else
@@ -422,7 +444,7 @@ def load_engine(cfg: dict, device, dtype):
         model, tok = load_model(cfg["model"], device, dtype)
         _LOADED[key] = (model, tok, Engine(model, eos_token_ids(model, tok),
                                            compiled=cfg.get("forward", "eager") != "eager",
-                                           products=cfg.get("compile_products", "auto")))
+                                           products=ForwardChoice(cfg["forward"]).products))
     return _LOADED[key]
 
 

@@ -8,6 +8,8 @@ checks are likewise the ones their loaders run.
 
 from __future__ import annotations
 
+from specbench.decoding.forward_choice import planned_forward
+from specbench.environment import check_torch_version
 from specbench.errors import SettingsError
 from specbench.hardware.cost import load_curve_file
 from specbench.inputs.models import check_model_config, resolve_device, resolve_dtype
@@ -22,40 +24,20 @@ NOT_SET = "???"  # OmegaConf's mark for a mandatory value (model.path of model=h
 WARMUP_ON = ("builtin", "first_question")
 
 
-# the target forward (specbench/decoding/compiled.py); auto = compiled where it pays, see compiled_forward
-COMPILE = ("auto", "on", "off")
-
-
-def compiled_forward(setting: str, device) -> bool:
-    """Whether a run uses the compiled forward: `on`, or `auto` on an x86 CPU, where it was measured
-    to pay (t(1) 51 -> 27 ms with SmolLM2-135M on 2 cores: README, "Compiled forward"). On CUDA
-    `auto` stays eager until the CUDA-graph path has been run on a GPU."""
-    if setting in ("on", "off"):
-        return setting == "on"
-    import platform
-
-    import torch
-
-    return torch.device(device).type == "cpu" and platform.machine() in ("x86_64", "AMD64")
-
-
 def _profile_flags(forward: str) -> str:
     return {"eager": "", "compiled": " --compile --products inductor", "compiled-packed": " --compile"}[forward]
 
 
 def forward_name(cfg: dict, device) -> str:
-    """The run's target forward, as results and cost curves name it: `eager`; `compiled` (inductor's
-    own matrix products on CPU, CUDA graphs on a GPU); `compiled-packed` (the CPU compiled forward with
-    our packed kernel for the products, `compile_products`: specbench/decoding/packed_linear.py)."""
-    if not compiled_forward(cfg.get("compile", "off"), device):
-        return "eager"
-    from specbench.decoding.compiled import uses_packed_products
-
+    """The target forward the settings ask for on this kind of machine (forward_choice.planned_forward):
+    `eager`; `compiled` (inductor's own matrix products on CPU, CUDA graphs on a GPU); `compiled-packed`
+    (the CPU compiled forward with our packed kernel for the products). What a run gets can be less,
+    where this machine cannot build what the plan needs (forward_choice.choose_forward)."""
     try:
-        packed = uses_packed_products(cfg.get("compile_products", "auto"), device, resolve_dtype(cfg["dtype"]))
+        return planned_forward(cfg.get("compile", "off"), cfg.get("compile_products", "auto"), device,
+                               resolve_dtype(cfg["dtype"]))
     except ValueError as e:
-        raise SettingsError(f"compile_products: {e}") from None
-    return "compiled-packed" if packed else "compiled"
+        raise SettingsError(str(e)) from None
 
 
 def method_params(cfg: dict) -> dict:
@@ -64,6 +46,7 @@ def method_params(cfg: dict) -> dict:
 
 def validate(cfg: dict) -> None:
     """Every setting of a run (the runner's config, max_new_tokens filled in from the task)."""
+    check_torch_version()
     _check_all_set(cfg)
     method = drafter_class(cfg["method"]["name"])  # an unknown name is refused with the valid ones
     if _number(cfg["max_new_tokens"], "max_new_tokens", integer=True) < 1:
@@ -85,26 +68,7 @@ def validate(cfg: dict) -> None:
         raise SettingsError(f"baseline must be interleave, reuse, shared or none, got '{cfg['baseline']}'")
     resolve_dtype(cfg["dtype"])
     resolve_device(cfg["device"])
-    if cfg.get("compile", "off") not in COMPILE:
-        raise SettingsError(f"compile must be one of {', '.join(COMPILE)}, got {cfg['compile']!r}")
-    from specbench.decoding.compiled import PRODUCTS
-
-    if cfg.get("compile_products", "auto") not in PRODUCTS:
-        raise SettingsError(f"compile_products must be one of {', '.join(PRODUCTS)}, "
-                            f"got {cfg['compile_products']!r}")
-    forward = forward_name(cfg, resolve_device(cfg["device"]))  # compile_products: possible here
-    curve = cfg.get("cost_curve", "auto")
-    if curve not in (None, False, "auto", "off", "none"):  # as run_cost_curve reads it
-        if not isinstance(curve, str):
-            raise SettingsError(f"cost_curve must be auto, off or a curve JSON path, got {curve!r}")
-        measured_on = load_curve_file(curve).forward
-        if measured_on != forward:
-            raise SettingsError(
-                f"cost_curve {curve}: measured on the {measured_on} forward, but this run uses the {forward} "
-                f"one; profile it with scripts/profile_cost.py{_profile_flags(forward)} --out <file>, or set "
-                f"compile={'off' if measured_on == 'eager' else 'on'}"
-                + (f" compile_products={'packed' if measured_on == 'compiled-packed' else 'inductor'}"
-                   if measured_on != 'eager' else ""))
+    check_cost_curve(cfg, forward_name(cfg, resolve_device(cfg["device"])))
     check_model_config(cfg["model"])
     method.check_settings(method_params(cfg), {"model_name": cfg["model"]["name"], "device": cfg["device"],
                                                "dtype_name": cfg["dtype"]})
@@ -112,6 +76,23 @@ def validate(cfg: dict) -> None:
         if cfg["task"].get(key) is not None:
             _number(cfg["task"][key], f"task.{key}", integer=True)
     load_task(cfg["task"])  # the question file: there and well-formed (file and line named)
+
+
+def check_cost_curve(cfg: dict, forward: str) -> None:
+    """A cost-curve file must have been measured on the forward the run uses."""
+    curve = cfg.get("cost_curve", "auto")
+    if curve in (None, False, "auto", "off", "none"):  # as run_cost_curve reads it
+        return
+    if not isinstance(curve, str):
+        raise SettingsError(f"cost_curve must be auto, off or a curve JSON path, got {curve!r}")
+    measured_on = load_curve_file(curve).forward
+    if measured_on != forward:
+        raise SettingsError(
+            f"cost_curve {curve}: measured on the {measured_on} forward, but this run uses the {forward} "
+            f"one; profile it with scripts/profile_cost.py{_profile_flags(forward)} --out <file>, or set "
+            f"compile={'off' if measured_on == 'eager' else 'on'}"
+            + (f" compile_products={'packed' if measured_on == 'compiled-packed' else 'inductor'}"
+               if measured_on != 'eager' else ""))
 
 
 def _number(value, name: str, integer: bool = False):

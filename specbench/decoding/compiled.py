@@ -34,6 +34,8 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from specbench.decoding import packed_linear
+from specbench.decoding.forward_choice import planned_forward
+from specbench.decoding.kv_cache import cache_keyword
 from specbench.decoding.packed_linear import with_packed_linears
 
 CUDA_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128)  # one CUDA graph each; wider drafts: multiples of 64
@@ -100,20 +102,13 @@ def model_identity_guards(entries) -> list[bool]:
     return [not e.orig_guard.source.is_unspecialized_nn_module() or e.guard_type == "ID_MATCH" for e in entries]
 
 
-PRODUCTS = ("auto", "packed", "inductor")
-
-
 def uses_packed_products(products: str, device, dtype) -> bool:
-    """Whether the compiled forward's matrix products run on our packed kernel: `packed`, or `auto`
-    where the kernel runs (an x86-64 CPU with AVX2, float32 weights); `inductor` keeps inductor's own
-    (its C++ GEMM template or oneDNN, the compiled forward before the kernel existed)."""
-    if products not in PRODUCTS:
-        raise ValueError(f"products must be one of {', '.join(PRODUCTS)}, got {products!r}")
-    possible = torch.device(device).type == "cpu" and dtype == torch.float32 and packed_linear.available()
-    if products == "packed" and not possible:
-        raise ValueError("products=packed needs a float32 model on an x86-64 CPU with AVX2; "
-                         "use compile_products=inductor or auto")
-    return products != "inductor" and possible
+    """Whether the compiled forward's matrix products run on our packed kernel: `packed`, or `auto` where
+    the kernel runs and builds (an x86-64 CPU with AVX2, float32 weights); `inductor` keeps inductor's own
+    (its C++ GEMM template or oneDNN). `packed` where the kernel cannot build raises KernelBuildError."""
+    if planned_forward("on", products, device, dtype) != "compiled-packed":
+        return False
+    return products == "packed" or packed_linear.build_problem() is None
 
 
 def cache_capacity(cache) -> int:
@@ -139,6 +134,7 @@ class CompiledForward:
         t0 = time.perf_counter()
         self.model = with_packed_linears(model) if self.packed else model
         self.name = "compiled-packed" if self.packed else "compiled"  # the forward's name in results
+        self._cache_keyword = cache_keyword(model)  # read once: the traced forward sees a constant
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.n_layers = cfg.num_hidden_layers
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
@@ -165,7 +161,7 @@ class CompiledForward:
                                            options={"guard_filter_fn": model_identity_guards})
 
     def _forward(self, ids, pos, mask, cache, hidden: bool):
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache,
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, **{self._cache_keyword: cache},
                          use_cache=True, output_hidden_states=hidden)
         return out.logits, (out.hidden_states[-1] if hidden else None)
 

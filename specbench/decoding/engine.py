@@ -6,6 +6,7 @@ plain step) and gets a `StepOutcome` back.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -14,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
-from specbench.decoding.kv_cache import compact_kv_cache
+from specbench.decoding.kv_cache import compact_kv_cache, with_cache
 from specbench.hardware.timing import now
 from specbench.decoding.tree import DraftTree, tree_attention_mask
 from specbench.decoding.verify import TreeTensors, accepted_path
@@ -63,19 +64,38 @@ class Engine:
         if compiled:
             from specbench.decoding.compiled import CompiledForward
 
-            self.compiled = CompiledForward(model, self._mask, products=products)
+            try:
+                self.compiled = CompiledForward(model, self._mask, products=products)
+            except Exception as e:  # an optional accelerator: the run goes on eager (forward_choice.py)
+                self._fall_back_to_eager(e)
         self.forward_time = 0.0
         self._trees: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def new_cache(self, prompt_len: int, max_new_tokens: int, hidden: bool = False):
         """The KV cache for one turn: a DynamicCache, or the compiled forward's static cache with every
         shape it can run already compiled (so no compiling happens while a turn is timed)."""
-        if self.compiled is None:
-            return DynamicCache()
-        with torch.inference_mode():  # the buffers too: graphs are specialised on inference tensors
-            cache = self.compiled.cache_for(prompt_len, max_new_tokens)
-            self.compiled.prepare(cache, hidden)
-        return cache
+        if self.compiled is not None:
+            try:
+                with torch.inference_mode():  # the buffers too: graphs are specialised on inference tensors
+                    cache = self.compiled.cache_for(prompt_len, max_new_tokens)
+                    self.compiled.prepare(cache, hidden)
+                return cache
+            except Exception as e:  # inductor, its compiler, our kernel: none may take the run down
+                self._fall_back_to_eager(e)
+        return DynamicCache()
+
+    @property
+    def forward_name(self) -> str:
+        """The forward this engine runs: eager, compiled or compiled-packed (as results name it)."""
+        return "eager" if self.compiled is None else self.compiled.name
+
+    def _fall_back_to_eager(self, error: Exception) -> None:
+        from specbench.decoding.packed_linear import first_error_line
+
+        reason = first_error_line(str(error)) or type(error).__name__
+        print(f"warning: the compiled forward failed ({type(error).__name__}: {reason}): "
+              "continuing on the eager forward", file=sys.stderr)
+        self.compiled = None
 
     def tree_tensors(self, tree: DraftTree) -> TreeTensors:
         tt = self._trees.get(tree)
@@ -118,7 +138,7 @@ class Engine:
             logits, hs = self.compiled.rows(cache, cache_len, ids, pos, mask, hidden)
         else:
             out = self.model(
-                input_ids=ids[None], position_ids=pos[None], past_key_values=cache, use_cache=True,
+                input_ids=ids[None], position_ids=pos[None], **with_cache(self.model, cache), use_cache=True,
                 attention_mask=mask, output_hidden_states=hidden,
             )
             logits, hs = out.logits[0], (out.hidden_states[-1][0] if hidden else None)
@@ -164,7 +184,7 @@ class Engine:
         cache = self.new_cache(cur, max_new_tokens, want_hidden)
         t0 = now(dev)
         out = self.model(
-            input_ids=buf[:cur][None].to(dev), past_key_values=cache, use_cache=True,
+            input_ids=buf[:cur][None].to(dev), **with_cache(self.model, cache), use_cache=True,
             logits_to_keep=1, output_hidden_states=want_hidden or want_prompt,
         )
         first = int(torch.as_tensor(select(out.logits[0, -1:], torch.full((1,), cur - 1, device=dev)))[0])

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
+
+
+def with_cache(model, cache) -> dict:
+    """`{keyword: cache}` for the model's forward: transformers 5.24 renamed `past_key_values` to
+    `cache` (the old name warns, and is removed in 5.40); older 5.x releases know only the old one."""
+    return {cache_keyword(model): cache}
+
+
+def cache_keyword(model) -> str:
+    return _cache_keyword(type(model))
+
+
+@functools.cache
+def _cache_keyword(model_type: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
 
 
 @torch.inference_mode()  # the cache's tensors come from inference-mode forwards; written in place

@@ -8,9 +8,11 @@ It also makes each row's result independent of the rows beside it (one FMA chain
 order), so a verification row equals a one-row step bit for bit in these products.
 
 The kernel is built on first use with `torch.utils.cpp_extension` (a C++ compiler, as inductor needs
-anyway) and cached on disk by torch (`TORCH_EXTENSIONS_DIR`). It needs x86-64 with AVX2 and FMA;
-`available()` says whether this machine can run it, and the compiled forward falls back to inductor's
-own products where it cannot.
+anyway) and cached on disk by torch (`TORCH_EXTENSIONS_DIR`). The language standard and every flag that
+depends on the torch version are left to `cpp_extension`, which knows what the installed headers need.
+It needs x86-64 with AVX2 and FMA; `available()` says whether this machine can run it and
+`build_problem()` whether it builds here. Where either says no, the compiled forward uses inductor's own
+products (specbench/decoding/forward_choice.py): the kernel is a speed-up, never a requirement.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import functools
 import itertools
 import os
 import platform
+import re
 import time
 
 import torch
@@ -35,21 +38,65 @@ def available() -> bool:
         "AVX2", "AVX512")
 
 
+# Extra compiler flags for the kernel, for a user's toolchain (and for the test that makes the build fail
+# on purpose: -DSPECBENCH_BREAK_BUILD)
+EXTRA_CFLAGS_ENV = "SPECBENCH_KERNEL_CFLAGS"
+
+
+class KernelBuildError(RuntimeError):
+    """The kernel did not build or load here; the message is the compiler's first error line."""
+
+
+def build_problem() -> str | None:
+    """None when the kernel builds and loads here, else one line saying why not."""
+    if not available():
+        return f"it needs an x86-64 CPU with AVX2 (this one: {platform.machine()}, " \
+               f"{torch.backends.cpu.get_cpu_capability()})"
+    return _build_once()
+
+
 @functools.cache
+def _build_once() -> str | None:
+    """Build and load, once per process (a failed build is not retried): None, or the compiler's error."""
+    try:
+        _build()
+    except Exception as e:  # a compiler, its headers, ninja, the linker: any of them may fail
+        return first_error_line(str(e)) or type(e).__name__
+    return None
+
+
+def first_error_line(log: str) -> str:
+    """What a build log says went wrong: the compiler's first `error:` message (`file:line: error: ...`,
+    `#error ...`), else the log's first line."""
+    for line in log.splitlines():
+        m = re.search(r"(?:\berror:|#error)\s*(.+)", line)
+        if m:
+            return m.group(1).strip()[:200]
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    return lines[0][:200] if lines else ""
+
+
 def load_kernel() -> float:
     """Build (first time on this machine: about 30 s) or load the kernel and register
-    `torch.ops.specbench.packed_linear`. Returns the seconds it took."""
+    `torch.ops.specbench.packed_linear`. Returns the seconds it took; raises KernelBuildError when it
+    cannot (build_problem says why)."""
+    t0 = time.perf_counter()
+    problem = build_problem()
+    if problem:
+        raise KernelBuildError(f"the packed kernel is unavailable: {problem}")
+    return time.perf_counter() - t0
+
+
+def _build() -> None:
     from torch.utils.cpp_extension import load
 
-    t0 = time.perf_counter()
+    extra = os.environ.get(EXTRA_CFLAGS_ENV, "").split()
     load(name="specbench_packed_linear", sources=[SOURCE], is_python_module=False,
-         extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17"], extra_ldflags=["-fopenmp"])
+         extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *extra], extra_ldflags=["-fopenmp"])
 
     @torch.library.register_fake("specbench::packed_linear")
     def _shape(x, w, n, bias):
         return x.new_empty((*x.shape[:-1], n))
-
-    return time.perf_counter() - t0
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,7 @@ import torch
 
 from specbench.errors import MissingFileError, SettingsError
 from specbench.hardware.roofline import Roofline, roofline_for
+from specbench.decoding.kv_cache import with_cache
 from specbench.hardware.timing import now
 
 QUICK_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 81)
@@ -168,7 +169,7 @@ def filled_cache_and_drafts(model, engine, widths, context_len: int):
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (context_len,), generator=g)
     cache = engine.new_cache(context_len, max(widths))
-    model(input_ids=prefix[None].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=prefix[None].to(dev), **with_cache(model, cache), use_cache=True, logits_to_keep=1)
     drafts = {w: None if w == 1 else Draft(tokens=torch.randint(0, vocab, (w - 1,), generator=g).to(dev),
                                            tree=DraftTree.chain(w - 1)) for w in widths}
     return cache, prefix, drafts

@@ -1,0 +1,144 @@
+"""Optional accelerators never take a run down (specbench/decoding/forward_choice.py): a kernel that does
+not build, a missing C++ compiler or a compile that fails moves the run to the next forward in line,
+compiled-packed -> compiled -> eager, with one `warning:` line, and the results name the forward used."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbench.decoding import forward_choice, packed_linear
+from specbench.decoding.compiled import CompiledForward
+from specbench.decoding.engine import Engine
+from specbench.decoding.forward_choice import ForwardChoice, choose_forward, planned_forward
+from specbench.environment import EnvironmentProblem, check_torch_version, declared_minimum
+from specbench.methods.ar import Autoregressive
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+
+
+def test_the_plan_follows_the_settings():
+    assert planned_forward("off", "auto", CPU, torch.float32) == "eager"
+    assert planned_forward("on", "inductor", CPU, torch.float32) == "compiled"
+    assert planned_forward("on", "auto", CPU, torch.bfloat16) == "compiled"  # the kernel is float32 only
+    want = "compiled-packed" if packed_linear.available() else "compiled"
+    assert planned_forward("on", "auto", CPU, torch.float32) == want
+    with pytest.raises(ValueError, match="compile_products=packed needs a float32 model on the CPU"):
+        planned_forward("on", "packed", CPU, torch.float16)
+
+
+def test_a_kernel_that_does_not_build_steps_down_to_inductors_products(monkeypatch):
+    monkeypatch.setattr(packed_linear, "available", lambda: True)
+    monkeypatch.setattr(packed_linear, "build_problem", lambda: "#error C++20 or later compatible compiler is required")
+    monkeypatch.setattr(forward_choice, "compiler_problem", lambda: None)
+    choice = choose_forward("auto", "auto", CPU, torch.float32)
+    assert choice.name == "compiled" and choice.products == "inductor"
+    assert len(choice.warnings) == 1
+    assert choice.warnings[0].startswith("warning: the packed kernel did not build here (#error C++20")
+
+
+def test_a_cpu_without_avx2_gets_inductors_products_and_is_told(monkeypatch):
+    monkeypatch.setattr(packed_linear, "available", lambda: False)
+    monkeypatch.setattr(forward_choice, "compiler_problem", lambda: None)
+    choice = choose_forward("on", "auto", CPU, torch.float32)
+    assert choice.name == "compiled"
+    assert choice.warnings[0].startswith("warning: the packed kernel is unavailable (it needs an x86-64 CPU with AVX2")
+
+
+def test_an_older_torch_is_refused_in_one_line():
+    low = declared_minimum("torch")
+    if low is None:
+        pytest.skip("specbench is not installed (pip install -e .): no declared torch range to check")
+    assert low == Version("2.13")  # pyproject.toml's lower bound, as installed
+    with pytest.raises(EnvironmentProblem, match=r"^torch 2.12.0 is older than the oldest supported, 2.13; "
+                                                 r"upgrade it: pip install -U 'torch>=2.13'$"):
+        check_torch_version("2.12.0")
+    check_torch_version(torch.__version__)
+
+
+def test_without_a_compiler_the_run_is_eager(monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    choice = choose_forward("on", "auto", CPU, torch.float32)
+    assert choice == ForwardChoice("eager", choice.warnings)
+    assert choice.warnings[0].startswith("warning: no C++ compiler (/nonexistent/g++ not found; install one")
+    assert choose_forward("off", "auto", CPU, torch.float32) == ForwardChoice("eager")  # nothing tried, nothing said
+
+
+def test_the_build_log_is_reduced_to_its_error():
+    log = ("Error building extension 'specbench_packed_linear': [1/2] c++ -MMD -MF packed_linear.o.d -O3\n"
+           "/x/torch/include/c10/util/C++17.h:13:2: error: #error C++20 or later compatible compiler is required\n"
+           "ninja: build stopped: subcommand failed.")
+    assert packed_linear.first_error_line(log) == "#error C++20 or later compatible compiler is required"
+
+
+def test_an_engine_whose_compile_fails_goes_on_eager(tiny_llama, monkeypatch, capsys):
+    def fail(self, cache, hidden):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    monkeypatch.setattr(CompiledForward, "prepare", fail)
+    prompt = [1, 5, 9, 5, 9, 12, 40, 3]
+    engine = Engine(tiny_llama, eos_token_ids=[], compiled=True, products="inductor")
+    assert engine.forward_name == "compiled"
+    out = engine.generate(prompt, Autoregressive(), 12)
+    assert engine.forward_name == "eager"
+    assert out.tokens == Engine(tiny_llama, eos_token_ids=[]).generate(prompt, Autoregressive(), 12).tokens
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning:")]
+    assert err == ["warning: the compiled forward failed (RuntimeError: InvalidCxxCompiler: No working C++ compiler found): "
+                   "continuing on the eager forward"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, real_model) -> Path:
+    """A two-layer random Llama with the embedded model's tokenizer, saved as a local model directory: a
+    real `python run.py model=hf` whose compile takes seconds, not minutes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tok, _ = real_model
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      eos_token_id=tok.eos_token_id)
+    path = tmp_path_factory.mktemp("tiny_hf")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _run(model_dir: Path, out: Path, env: dict) -> tuple[subprocess.CompletedProcess, dict]:
+    cmd = [sys.executable, "run.py", "model=hf", f"model.path={model_dir}", "compile=on", "task=mini",
+           "task.limit=1", "max_new_tokens=6", "warmup=0", "cost_curve=off", "wandb.enabled=false",
+           "progress=false", f"results_dir={out}"]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+    return done, summary
+
+
+def test_run_completes_on_inductors_products_when_the_kernel_build_fails(tiny_model_dir, tmp_path):
+    """The build made to fail for real (an #error at the top of the kernel's source, through the flags
+    a user can set), in its own extensions folder so the machine's built kernel is left alone."""
+    if not packed_linear.available():
+        pytest.skip("the packed kernel is not planned on this CPU (no AVX2): nothing to fall back from")
+    done, summary = _run(tiny_model_dir, tmp_path / "run", {
+        packed_linear.EXTRA_CFLAGS_ENV: "-DSPECBENCH_BREAK_BUILD", "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("warning:")]
+    assert warnings == ["warning: the packed kernel did not build here (#error SPECBENCH_BREAK_BUILD is set: a "
+                        "build failure made on purpose): the compiled forward uses inductor's matrix products"]
+    assert summary["forward"] == "compiled" and summary["lossless"]["mismatches"] == 0
+
+
+def test_run_completes_eager_without_a_compiler(tiny_model_dir, tmp_path):
+    done, summary = _run(tiny_model_dir, tmp_path / "run", {"CXX": "/bin/false"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("warning:")]
+    assert warnings == ["warning: the C++ compiler /bin/false does not run (install a working one, e.g. g++, or "
+                        "set CXX): the compiled CPU forward needs one, so this run uses the eager forward"]
+    assert summary["forward"] == "eager"
