@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sweep behind the README's results and results/cpu/: every registered method on Spec-Bench
+# The CPU sweeps behind results/cpu (eager) and results/cpu-packed (compiled, the README table): every registered method on Spec-Bench
 # (first 2 questions per subtask, 128 new tokens) with the embedded SmolLM2-135M on this machine's
 # CPU, greedy, 3 repeats (Spec-Bench reports the mean of 3), AR interleaved question by question
 # beside every method (the drift-fair mode), warm-up on the built-in prompt with every drafter reset
@@ -7,7 +7,7 @@
 # (warmup_on=first_question), to show what that protocol adds to hot-start TR.
 #
 #   bash scripts/cpu_sweep.sh        # QUESTIONS=/path/to/question.jsonl, TEMPERATURES=0,0.7,1.0, REPEATS=1,2,3
-#   COMPILE=on OUT=results/cpu-compiled REPEATS=1 FIRST_QUESTION=no bash scripts/cpu_sweep.sh   # compiled forward
+#   COMPILE=on OUT=results/cpu-packed REPEATS=0 FIRST_QUESTION=no BASELINE=shared bash scripts/cpu_sweep.sh   # compiled forward
 #
 # 1. profiles the cost curve t(w), w = 1..81 (cached, so every run's speedup bound and adaptive TR
 #    use the same curve); 2. one Hydra multirun over repeat x temperature x method (a killed sweep
@@ -21,7 +21,7 @@ METHODS=${METHODS:-tr,tr_adaptive,tr_fused,pld,lookahead,rest,medusa}
 TEMPERATURES=${TEMPERATURES:-0}
 REPEATS=${REPEATS:-1,2,3}
 BASELINE=${BASELINE:-interleave}
-COMPILE=${COMPILE:-off}   # the tables in results/cpu are eager; results/cpu-compiled: COMPILE=on
+COMPILE=${COMPILE:-off}   # the tables in results/cpu are eager; results/cpu-packed: COMPILE=on
 FIRST_QUESTION=${FIRST_QUESTION:-yes}
 mkdir -p "$OUT"
 

@@ -3,7 +3,7 @@
 # AR interleaved beside every run, one table: what each design choice of TR buys on this machine.
 #
 #   bash scripts/tr_ablations.sh          # OUT=results/tr_ablations QUESTIONS=... REPEATS=1
-#   COMPILE=on OUT=results/cpu-compiled CURVE=results/cpu-compiled/cost_curve.json \
+#   COMPILE=on OUT=results/cpu-packed CURVE=results/cpu-packed/cost_curve.json \
 #     TREE=data/trees/smollm2-135m-cpu-compiled.json bash scripts/tr_ablations.sh   # compiled forward
 #
 # 1. the cost curve (shared with the CPU sweep when it exists);

@@ -252,7 +252,7 @@ def format_table(summary: dict) -> str:
         rows = f"{detail['mean_rows']:.0f}-row " if detail else ""
         out.append(f"TR is below 1x here: on this hardware a forward over its {rows}tree costs more than the "
                    "tokens it recycles save. Try method=tr_adaptive, which verifies each step the part of the "
-                   "tree that pays on this machine's cost curve (README: Hardware-aware speculation).")
+                   "tree that pays on this machine's cost curve (docs/token-recycling.md).")
     return "\n".join(out)
 
 
