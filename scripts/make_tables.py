@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     ap.add_argument("--published", default=str(DEFAULT_PUBLISHED),
                     help="directory of published CSVs ('' for none)")
     ap.add_argument("--no-results-csv", action="store_true", help="do not write <root>/results.csv")
+    ap.add_argument("--readme", help="a Markdown file whose <!-- BEGIN TABLE: <root> --> ... <!-- END TABLE --> "
+                                     "block gets the first table (the README's results table)")
     args = ap.parse_args(argv)
 
     root = Path(args.root)
@@ -60,10 +62,25 @@ def main(argv=None) -> int:
     (out / "tables.csv").write_text(tables.to_csv(built))
     if not args.no_results_csv:
         collect.write_results_csv(root, out / "results.csv")
+    if args.readme:
+        fill_readme_table(Path(args.readme), args.root, tables.to_markdown(built[:1]))
     print(md)
     print(f"written: {out / 'tables.md'}, {out / 'tables.tex'}, {out / 'tables.csv'}"
           + ("" if args.no_results_csv else f", {out / 'results.csv'}"), file=sys.stderr)
     return 0
+
+
+def fill_readme_table(readme: Path, root: str, table_md: str) -> None:
+    """Replace the block between `<!-- BEGIN TABLE: {root} -->` and `<!-- END TABLE -->` with the table
+    (its heading line dropped: the README's section names it)."""
+    begin = f"<!-- BEGIN TABLE: {root.rstrip('/')} -->"
+    text = readme.read_text()
+    if begin not in text:
+        raise SystemExit(f"error: {readme} has no '{begin}' line; add it and '<!-- END TABLE -->' around the table")
+    body = "\n".join(line for line in table_md.strip().splitlines() if not line.startswith("#")).strip()
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split("<!-- END TABLE -->", 1)
+    readme.write_text(f"{head}{begin}\n{body}\n<!-- END TABLE -->{tail}")
 
 
 if __name__ == "__main__":

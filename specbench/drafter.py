@@ -6,16 +6,35 @@ never touches the model or the KV cache; the engine never knows which drafter it
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
 from specbench.decoding.tree import DraftTree
 from specbench.errors import SettingsError
 
-# What the runner offers every drafter about the target; facts, not method.<name>= settings.
-TARGET_FACTS = ("vocab_size", "device", "model", "model_name", "dtype_name", "hardware_curve")
+@dataclass
+class Target:
+    """What the runner knows of the target and offers every drafter; facts, not method.<name>= settings.
+    Each drafter takes what it needs (Medusa the model's vocabulary projection, adaptive TR the cost
+    curve) and ignores the rest."""
+
+    vocab_size: int = 0
+    device: str | torch.device = "cpu"
+    model: Any = None
+    model_name: str = ""
+    dtype_name: str | None = None
+    hardware_curve: Any = None  # the run's cost curve t(w) (specbench/hardware/cost.py), if any
+
+
+TARGET_FACTS = tuple(f.name for f in dataclasses.fields(Target))
+
+
+@dataclass
+class NoSettings:
+    """A method without settings (AR)."""
 # What a method setting must be, by the type of its default (others are the method's to check).
 SETTING_KINDS = {
     bool: ("true or false", lambda v: isinstance(v, bool)),
@@ -73,19 +92,29 @@ class StepOutcome:
 
 
 class Drafter:
-    """Base class: no draft at all, which is autoregressive decoding."""
+    """Base class: no draft at all, which is autoregressive decoding.
+
+    A method declares its settings as a dataclass beside it (`Settings`; a variant's extends its
+    parent's) and is built from the target's facts and those settings:
+    `Method(target, settings)`, or with keywords, `Method(vocab_size=..., k=4)`, which sorts them into
+    the two (an unknown keyword is a TypeError, never silently dropped)."""
 
     name = "base"
     lossless = True
     needs_hidden_states = False
     needs_prompt_logits = False  # True: the engine passes every prompt row's logits to observe_prompt
+    Settings: ClassVar[type] = NoSettings
+
+    def __init__(self, target: Target | None = None, settings=None, **values):
+        facts = {k: values.pop(k) for k in list(values) if k in TARGET_FACTS}
+        self.target = target if target is not None else Target(**facts)
+        self.settings = settings if settings is not None else self.Settings(**values)
 
     @classmethod
     def parameters(cls) -> dict:
-        """The method's settings (method.<name>=...) and their defaults: __init__'s keyword
-        parameters, less the target facts the runner offers every drafter (TARGET_FACTS)."""
-        return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items()
-                if n != "self" and n not in TARGET_FACTS and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        """The method's settings (method.<name>=...) and their defaults, from its Settings dataclass."""
+        return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(cls.Settings)}
 
     @classmethod
     def resource_identity(cls, params: dict) -> dict:
@@ -108,7 +137,7 @@ class Drafter:
         if unknown:
             raise SettingsError(
                 f"method {cls.name} has no setting {', '.join(unknown)}; its settings are "
-                f"{', '.join(accepted) or 'none'} (see conf/method/{cls.name}.yaml)")
+                f"{', '.join(accepted) or 'none'} (see {cls.__name__}.Settings)")
         for key, value in params.items():
             kind, ok = SETTING_KINDS.get(type(accepted[key]), ("", None))
             if ok and not ok(value):

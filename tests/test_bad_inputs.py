@@ -63,6 +63,13 @@ CASES = [
      r"Medusa heads directory '.*not_heads' has no config.json .*method.heads=<dir>", "in-process"),
     ("missing model path", ["model=hf", "model.path=/nonexistent"],
      r"model.path '/nonexistent' not found; give a local model directory or a hub id", "in-process"),
+    ("misspelt method setting", ["method=tr", "method.nonexistent=1"],
+     r"unknown setting 'method.nonexistent': method tr has no setting 'nonexistent'; its settings are cold_start, k, "
+     r"prefill_update, tree, update", "subprocess"),
+    ("method setting of the wrong type", ["method=tr", "method.k=abc"],
+     r"method.k=abc: Value 'abc' of type 'str' could not be converted to Integer", "subprocess"),
+    ("misspelt run setting in a sweep", ["-m", "method=pld", "temperatur=0,0.7"],
+     r"unknown setting 'temperatur': the run has no setting 'temperatur'; its settings are baseline, compile", "subprocess"),
     ("device=cuda without a GPU", ["device=cuda"], r"device=cuda was asked for but torch sees no CUDA GPU; use device=cpu",
      "in-process"),
 ]
@@ -131,12 +138,15 @@ def test_bad_input_is_refused_in_one_line(case, overrides, message, how, tmp_pat
 
 
 def test_every_method_says_what_it_accepts():
-    """Each method's settings are its conf/method/<name>.yaml keys; the defaults pass, an unknown
-    name or a value of the wrong type is refused naming the method's settings."""
+    """Each method's settings are the keys of its composed config (method=<name>, typed by its Settings
+    dataclass); the defaults pass, an unknown name or a value of the wrong type is refused naming the
+    method's settings."""
+    from tests.test_config import cfg
+
     target = {"model_name": "smollm2-135m", "device": "cpu", "dtype_name": "float32"}
     for name in available_methods():
         cls = drafter_class(name)
-        conf = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "method" / f"{name}.yaml"))
+        conf = cfg(f"method={name}")["method"]
         conf.pop("name")
         assert set(cls.parameters()) == set(conf), name
         assert cls.check_settings(conf, target) == {**cls.parameters(), **conf}

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from specbench.decoding import packed_linear
+
 from specbench.decoding.packed_linear import PackedLinear, pack_weight, with_packed_linears
 
 pytestmark = pytest.mark.usefixtures("packed_kernel")  # skipped, with the reason, where it cannot build

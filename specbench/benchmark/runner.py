@@ -13,17 +13,19 @@ import platform
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from specbench.hardware import cost, roofline
-from specbench.benchmark import lossless, metrics
+from specbench.benchmark import config as _config  # noqa: F401  (registers the typed settings with Hydra)
+from specbench.benchmark import baselines, lossless, metrics
 from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.decoding.engine import Engine
 from specbench.decoding.forward_choice import ForwardChoice, choose_forward
 from specbench.inputs.models import eos_token_ids, load_model, resolve_device, resolve_dtype
+from specbench.drafter import Target
 from specbench.registry import drafter_class, build_drafter
 from specbench.decoding.sampling import PositionSampler
 from specbench.benchmark.results import append_jsonl, repair_jsonl, write_json_atomic
@@ -32,17 +34,12 @@ from specbench.benchmark.settings import method_params, validate
 from specbench.errors import SettingsError
 
 # Settings that must match for answers to be resumed or an AR run to be reused.
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def method_variant(cfg: dict) -> str:
-    """The method settings that differ from conf/method/<name>.yaml, as a short directory label
-    ('' for the defaults), so `-m method.k=4,8` gives each setting its own results directory."""
-    name = cfg["method"]["name"]
-    defaults_file = CONF_DIR / "method" / f"{name}.yaml"
-    defaults = {}
-    if defaults_file.is_file():
-        defaults = OmegaConf.to_container(OmegaConf.load(defaults_file), resolve=True)
+    """The method settings that differ from its defaults (its Settings dataclass), as a short directory
+    label ('' for the defaults), so `-m method.k=4,8` gives each setting its own results directory."""
+    defaults = drafter_class(cfg["method"]["name"]).parameters()
     changed = {k: v for k, v in sorted(method_params(cfg).items()) if defaults.get(k, object()) != v}
     if not changed:
         return ""
@@ -53,22 +50,22 @@ def method_variant(cfg: dict) -> str:
 
 
 def results_dir_for(cfg: dict, method: str) -> Path:
-    if cfg.get("results_dir") and method == cfg["method"]["name"]:
+    if cfg["results_dir"] and method == cfg["method"]["name"]:
         return Path(cfg["results_dir"])
     t = cfg["task"]
     subtasks = t.get("subtasks")
     task = (t["name"] + (f"-{'+'.join([subtasks] if isinstance(subtasks, str) else subtasks)}" if subtasks else "")
             + (f"-ps{t['per_subtask']}" if t.get("per_subtask") else "")
             + (f"-l{t['limit']}" if t.get("limit") else ""))
-    filt = (f"-k{cfg['top_k']}" if cfg.get("top_k") else "") + (
-        f"-p{cfg['top_p']:g}" if cfg.get("top_p", 1.0) < 1 else "")
-    rep = f"-r{cfg['repeat']}" if cfg.get("repeat") else ""  # repeated runs: -r1, -r2, ...
+    filt = (f"-k{cfg['top_k']}" if cfg["top_k"] else "") + (
+        f"-p{cfg['top_p']:g}" if cfg["top_p"] < 1 else "")
+    rep = f"-r{cfg['repeat']}" if cfg["repeat"] else ""  # repeated runs: -r1, -r2, ...
     variant = ""
     if method == cfg["method"]["name"]:
         variant = method_variant(cfg)
-        if method != "ar" and cfg.get("warmup_on", "builtin") != "builtin":  # AR learns nothing
+        if method != "ar" and cfg["warmup_on"] != "builtin":  # AR learns nothing
             variant += f"~warmup_on={cfg['warmup_on']}"
-    return (Path(cfg.get("results_root", "results")) / cfg["model"]["name"] / task
+    return (Path(cfg["results_root"]) / cfg["model"]["name"] / task
             / f"{method}-t{cfg['temperature']:g}{filt}-m{cfg['max_new_tokens']}{rep}{variant}")
 
 
@@ -78,7 +75,7 @@ def identity(cfg: dict) -> dict:
         "task": cfg["task"]["name"], "task_path": cfg["task"].get("path"),
         "subtasks": cfg["task"].get("subtasks"), "per_subtask": cfg["task"].get("per_subtask"),
         "limit": cfg["task"].get("limit"), "max_new_tokens": cfg["max_new_tokens"],
-        "temperature": cfg["temperature"], "top_k": cfg.get("top_k", 0), "top_p": cfg.get("top_p", 1.0),
+        "temperature": cfg["temperature"], "top_k": cfg["top_k"], "top_p": cfg["top_p"],
         "dtype": cfg["dtype"], "device": str(cfg["device"]),
         "seed": cfg["seed"],
         # answers from the compiled forward are kept apart from eager ones (older runs: eager, no key)
@@ -92,7 +89,7 @@ def run_identity(cfg: dict) -> dict:
     method = cfg["method"]["name"]
     ident = dict(identity(cfg), method=method, method_params=method_params(cfg))
     if method != "ar":
-        ident["warmup_on"] = cfg.get("warmup_on", "builtin")
+        ident["warmup_on"] = cfg["warmup_on"]
     ident.update(drafter_class(method).resource_identity(method_params(cfg)))
     return ident
 
@@ -100,7 +97,7 @@ def run_identity(cfg: dict) -> dict:
 def make_sampler(cfg: dict) -> PositionSampler | None:
     if cfg["temperature"] == 0:
         return None
-    return PositionSampler(cfg["temperature"], cfg.get("top_k", 0), cfg.get("top_p", 1.0), cfg["seed"])
+    return PositionSampler(cfg["temperature"], cfg["top_k"], cfg["top_p"], cfg["seed"])
 
 
 def longest_prompt_bound(tokenizer, questions: list[Question], template: str, max_new: int) -> int:
@@ -186,7 +183,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "method": cfg["method"]["name"], "method_params": method_params(cfg),
         "lossless_method": lossless_method,  # false: lossy by design, outside the lossless tally
         "model": cfg["model"]["name"], "task": cfg["task"]["name"], "temperature": cfg["temperature"],
-        "top_k": cfg.get("top_k", 0), "top_p": cfg.get("top_p", 1.0),
+        "top_k": cfg["top_k"], "top_p": cfg["top_p"],
         "dtype": cfg["dtype"], "device": cfg["device_name"], "max_new_tokens": cfg["max_new_tokens"],
         "questions": len(records),
         "new_tokens": sum(t["new_tokens"] for r in records for t in r["turns"]),
@@ -210,7 +207,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "lossless_details": [dict(r["lossless"], question_id=r["question_id"]) for r in records
                              if r.get("lossless", {}).get("status", "exact") not in ("exact", "unchecked")],
         "drafter_stats": metrics.sum_statistics([r.get("drafter_stats") for r in records]),
-        "warmup": cfg["warmup"], "warmup_on": cfg.get("warmup_on", "builtin"),
+        "warmup": cfg["warmup"], "warmup_on": cfg["warmup_on"],
         "forward": cfg.get("forward", "eager"),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__},
@@ -256,135 +253,174 @@ def format_table(summary: dict) -> str:
     return "\n".join(out)
 
 
+@dataclass
+class Run:
+    """What one run holds while it runs: its settings, directory, model, engine and drafters."""
+
+    cfg: dict
+    questions: list[Question]
+    out_dir: Path
+    done: dict  # question id -> record, resumed or made by this run
+    model: object = None
+    tok: object = None
+    engine: Engine | None = None
+    curve: cost.CostCurve | None = None
+    drafter: object = None
+    ar: object = None
+    sampler: PositionSampler | None = None
+
+    @property
+    def method(self) -> str:
+        return self.cfg["method"]["name"]
+
+    @property
+    def todo(self) -> list[Question]:
+        return [q for q in self.questions if q.question_id not in self.done]
+
+    def answer(self, drafter, q: Question) -> dict:
+        return run_question(self.engine, drafter, self.tok, q, self.cfg["model"]["chat_template"],
+                            self.cfg["max_new_tokens"], self.sampler)
+
+
 def run_benchmark(cfg: dict) -> dict:
     """Run, write answers and summary, print the table. Returns the summary."""
+    cfg = prepared_settings(cfg)
+    run = open_run_directory(cfg)
+    baseline = baseline_for(run)
+    load_target_and_drafters(run)
+    if run.todo and cfg["warmup"]:
+        warm_up(cfg, run.engine, [run.ar] if run.method == "ar" else [run.ar, run.drafter], run.tok,
+                run.questions, cfg["model"]["chat_template"], cfg["max_new_tokens"], run.sampler)
+    answer_questions(run, baseline)
+    return finish(run, baseline)
+
+
+def prepared_settings(cfg: dict) -> dict:
+    """Every setting checked before anything loads, then what this machine makes of them: the device,
+    the forward it can run (forward_choice.py) and the names results record."""
     cfg = dict(cfg)
-    if cfg.get("max_new_tokens") is None:
+    if cfg["max_new_tokens"] is None:
         cfg["max_new_tokens"] = cfg["task"]["max_new_tokens"]
     validate(cfg)  # every setting, method settings included, before anything is loaded
     torch.manual_seed(cfg["seed"])
     device = resolve_device(cfg["device"])
-    dtype = resolve_dtype(cfg["dtype"])
     cfg["device"] = str(device)
-    cfg["forward"] = choose_run_forward(cfg, device, dtype)
+    cfg["forward"] = choose_run_forward(cfg, device, resolve_dtype(cfg["dtype"]))
     cfg["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
-    questions = load_task(cfg["task"])
-    method = cfg["method"]["name"]
+    return cfg
 
-    out_dir = results_dir_for(cfg, method)
+
+def open_run_directory(cfg: dict) -> Run:
+    """The run's directory: refused if it holds answers of other settings, else its config written
+    and its finished answers read back (a rerun resumes)."""
+    out_dir = results_dir_for(cfg, cfg["method"]["name"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    ident = identity(cfg)
     # a run's own answers also depend on the method and its settings (AR references do not)
-    own_ident = run_identity(cfg)
-    _check_identity(out_dir, own_ident)
-    write_json_atomic(out_dir / "run_config.json", {"identity": own_ident, "config": cfg})
-    answers_path = out_dir / "answers.jsonl"
-    done = {r["question_id"]: r for r in repair_jsonl(answers_path)}
+    _check_identity(out_dir, run_identity(cfg))
+    write_json_atomic(out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
+    done = {r["question_id"]: r for r in repair_jsonl(out_dir / "answers.jsonl")}
+    return Run(cfg, load_task(cfg["task"]), out_dir, done)
 
-    with_baseline = method != "ar" and cfg["baseline"] != "none"
-    base_path = out_dir / "baseline_answers.jsonl"
-    base_done: dict = {}
-    if with_baseline and cfg["baseline"] == "reuse":
+
+def baseline_for(run: Run):
+    """The `baseline` setting's strategy (specbench/benchmark/baselines.py)."""
+    cfg = run.cfg
+    if run.method == "ar" or cfg["baseline"] == "none":
+        return baselines.Baseline()
+    if cfg["baseline"] == "reuse":
         ar_dir = results_dir_for(cfg, "ar")
-        _check_identity(ar_dir, ident)
-        base_done = {r["question_id"]: r for r in repair_jsonl(ar_dir / "answers.jsonl")}
-        missing = [q.question_id for q in questions if q.question_id not in base_done]
-        if missing:
-            raise SettingsError(
-                f"baseline=reuse: {ar_dir} lacks AR answers for {len(missing)} question(s) "
-                f"(e.g. {missing[0]}); run method=ar with the same settings first, or use baseline=interleave"
-            )
-    elif with_baseline and cfg["baseline"] == "shared":  # see specbench/benchmark/sweep.py
-        from specbench.benchmark.sweep import SharedBaseline
-        shared = SharedBaseline(results_dir_for(cfg, "ar"), dict(ident, method="ar", method_params={}), cfg)
-        base_done = shared.load()
-    elif with_baseline:
-        base_done = {r["question_id"]: r for r in repair_jsonl(base_path)}
+        _check_identity(ar_dir, identity(cfg))
+        return baselines.Reused(ar_dir, [q.question_id for q in run.questions])
+    if cfg["baseline"] == "shared":
+        return baselines.Shared(results_dir_for(cfg, "ar"), dict(identity(cfg), method="ar", method_params={}), cfg)
+    return baselines.Interleaved(run.out_dir / "baseline_answers.jsonl")
 
-    model, tok, engine = load_engine(cfg, device, dtype)
-    template = cfg["model"].get("chat_template", "auto")
-    max_new = int(cfg["max_new_tokens"])
-    todo = [q for q in questions if q.question_id not in done]
-    reserve_compiled_cache(engine, [drafter_class("ar"), drafter_class(method)], tok, todo, template, max_new)
-    if engine.forward_name != cfg["forward"]:  # compiling the model failed: the engine went on eager
-        cfg["forward"] = engine.forward_name
-        _check_identity(out_dir, run_identity(cfg))  # answers resumed from the compiled forward do not mix
-        write_json_atomic(out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
-        cfg["cost_curve"] = "auto" if cfg.get("cost_curve") not in (None, False, "off", "none") else "off"
-    curve = run_cost_curve(cfg, model, engine)
-    if curve is not None:
-        curve.save(out_dir / "cost_curve.json")
-    params = method_params(cfg)
-    # Every drafter is offered the same facts about the target; each takes what it needs (Medusa
-    # reads the model's vocabulary projection, adaptive TR the cost curve) and ignores the rest.
-    drafter = build_drafter(method, vocab_size=model.get_output_embeddings().weight.shape[0],
-                            device=device, model=model, model_name=cfg["model"]["name"],
-                            dtype_name=cfg["dtype"], hardware_curve=curve, **params)
-    ar = build_drafter("ar")
-    tolerance = cfg["lossless"].get("tie_tolerance") or lossless.TIE_TOLERANCE[cfg["dtype"]]
-    sampler = make_sampler(cfg)
 
-    if todo and cfg["warmup"]:
-        warm_up(cfg, engine, [ar] if method == "ar" else [ar, drafter], tok, questions, template, max_new, sampler)
+def load_target_and_drafters(run: Run) -> None:
+    """The model and its engine (compiled before anything is timed), the cost curve, the drafters."""
+    cfg = run.cfg
+    device, dtype = torch.device(cfg["device"]), resolve_dtype(cfg["dtype"])
+    run.model, run.tok, run.engine = load_engine(cfg, device, dtype)
+    reserve_compiled_cache(run.engine, [drafter_class("ar"), drafter_class(run.method)], run.tok, run.todo,
+                           cfg["model"]["chat_template"], cfg["max_new_tokens"])
+    if run.engine.forward_name != cfg["forward"]:  # compiling the model failed: the engine went on eager
+        cfg["forward"] = run.engine.forward_name
+        _check_identity(run.out_dir, run_identity(cfg))  # answers resumed from the compiled forward do not mix
+        write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
+        cfg["cost_curve"] = "auto" if cfg["cost_curve"] not in (None, False, "off", "none") else "off"
+    run.curve = run_cost_curve(cfg, run.model, run.engine)
+    if run.curve is not None:
+        run.curve.save(run.out_dir / "cost_curve.json")
+    # Every drafter is offered the same facts about the target; each takes what it needs
+    target = Target(vocab_size=run.model.get_output_embeddings().weight.shape[0], device=device, model=run.model,
+                    model_name=cfg["model"]["name"], dtype_name=cfg["dtype"], hardware_curve=run.curve)
+    cls = drafter_class(run.method)
+    run.drafter = cls(target, cls.Settings(**method_params(cfg)))
+    run.ar = build_drafter("ar")
+    run.sampler = make_sampler(cfg)
 
+
+def answer_questions(run: Run, baseline) -> None:
+    """Each question not yet answered: AR's answer as the baseline gives it, the method's, the lossless
+    check against AR, the record appended at once (an interrupted run loses nothing)."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(questions), initial=len(questions) - len(todo), desc=f"{method}",
-               unit="q", disable=not cfg.get("progress", True), dynamic_ncols=True)
+    cfg = run.cfg
+    tolerance = cfg["lossless"]["tie_tolerance"] or lossless.TIE_TOLERANCE[cfg["dtype"]]
+    todo = run.todo
+    bar = tqdm(total=len(run.questions), initial=len(run.questions) - len(todo), desc=run.method,
+               unit="q", disable=not cfg["progress"], dynamic_ncols=True)
     for q in todo:
-        if with_baseline and cfg["baseline"] == "shared" and q.question_id not in base_done:
-            base_done[q.question_id] = shared.get_or_run(
-                q.question_id, lambda: run_question(engine, ar, tok, q, template, max_new, sampler), _stored)
-        if with_baseline and q.question_id not in base_done:
-            base_rec = run_question(engine, ar, tok, q, template, max_new, sampler)
-            append_jsonl(base_path, _stored(base_rec))
-            base_done[q.question_id] = base_rec
-        rec = run_question(engine, drafter if method != "ar" else ar, tok, q, template, max_new, sampler)
-        if with_baseline and cfg["lossless"]["check"]:
-            base_rec = base_done[q.question_id]
+        base_rec = baseline.answer(q.question_id, lambda: run.answer(run.ar, q), _stored)
+        rec = run.answer(run.drafter if run.method != "ar" else run.ar, q)
+        if baseline.active and cfg["lossless"]["check"]:
             if "prompt_ids" not in base_rec["turns"][0]:  # resumed or reused: rebuild the prompts
-                base_rec = _with_prompts(base_rec, q, tok, template)
-            rec["lossless"] = lossless.compare_question(model, base_rec, rec, tolerance, sampler, q.question_id)
-            if not drafter.lossless and rec["lossless"]["status"] != "exact":
+                base_rec = _with_prompts(base_rec, q, run.tok, cfg["model"]["chat_template"])
+            rec["lossless"] = lossless.compare_question(run.model, base_rec, rec, tolerance, run.sampler,
+                                                        q.question_id)
+            if not run.drafter.lossless and rec["lossless"]["status"] != "exact":
                 # a lossy-by-design option (Medusa's typical acceptance): a difference is expected
                 rec["lossless"]["status"] = "lossy_difference"
         else:
-            rec["lossless"] = {"status": "exact"} if method == "ar" else {"status": "unchecked"}
-        append_jsonl(answers_path, _stored(rec))
-        done[q.question_id] = rec
-        recs = list(done.values())
+            rec["lossless"] = {"status": "exact"} if run.method == "ar" else {"status": "unchecked"}
+        append_jsonl(run.out_dir / "answers.jsonl", _stored(rec))
+        run.done[q.question_id] = rec
+        recs = list(run.done.values())
         post = {"tok/s": f"{metrics.tokens_per_s(recs):.1f}", "MAT": f"{metrics.mat(recs):.2f}"}
-        if with_baseline:
-            post["speedup"] = f"{metrics.speedup(recs, list(base_done.values()))['overall']:.2f}x"
+        if baseline.active:
+            post["speedup"] = f"{metrics.speedup(recs, list(baseline.answers.values()))['overall']:.2f}x"
         bar.set_postfix(post)
         bar.update(1)
     bar.close()
 
-    records = [done[q.question_id] for q in questions]
-    base = [base_done[q.question_id] for q in questions] if with_baseline else []
-    if method == "ar":
-        base = records
+
+def finish(run: Run, baseline) -> dict:
+    """The summary (written, printed as a table) and the reporting hooks (sweep tables, wandb)."""
+    cfg = run.cfg
+    records = [run.done[q.question_id] for q in run.questions]
+    base = records if run.method == "ar" else (
+        [baseline.answers[q.question_id] for q in run.questions] if baseline.active else [])
     checks = [r.get("lossless", {"status": "unchecked"}) for r in records]
     checks = [c for c in checks if c["status"] != "unchecked"]
-    summary = summarize(cfg, records, base, checks, curve, lossless_method=drafter.lossless)
-    summary["results_dir"] = str(out_dir)
-    if engine.compiled is not None:  # compiling happened before timing; a recompile while timed would show here
-        summary["compile_seconds"] = round(engine.compiled.compile_seconds, 1)
-        summary["recompiles_while_timed"] = engine.compiled.recompiles()
-    summary["repeat"] = cfg.get("repeat", 0)
-    if with_baseline and cfg["baseline"] in ("reuse", "shared"):
-        summary["baseline_dir"] = str(results_dir_for(cfg, "ar"))
-    write_json_atomic(out_dir / "summary.json", summary)
+    summary = summarize(cfg, records, base, checks, run.curve, lossless_method=run.drafter.lossless)
+    summary["results_dir"] = str(run.out_dir)
+    if run.engine.compiled is not None:  # compiling happened before timing; a recompile while timed shows here
+        summary["compile_seconds"] = round(run.engine.compiled.compile_seconds, 1)
+        summary["recompiles_while_timed"] = run.engine.compiled.recompiles()
+    summary["repeat"] = cfg["repeat"]
+    if baseline.directory is not None:
+        summary["baseline_dir"] = str(baseline.directory)
+    write_json_atomic(run.out_dir / "summary.json", summary)
     print(format_table(summary))
     for d in summary["lossless_details"]:
         print(f"  {d['status']}: question {d['question_id']} turn {d['turn']} position {d['position']} "
               f"(AR top-2 margin {d['ar_top2_margin']:.2e})")
-    print(f"results: {out_dir}")
+    print(f"results: {run.out_dir}")
 
-    # ---- reporting hooks (sweeps, tables, wandb: specbench/report/reporting.py); they warn, never fail ----
+    # reporting hooks (sweeps, tables, wandb: specbench/report/reporting.py); they warn, never fail
     from specbench.report.reporting import after_run
-    after_run(cfg, summary, records, base, out_dir)
+    after_run(cfg, summary, records, base, run.out_dir)
     return summary
 
 
@@ -396,7 +432,7 @@ def warm_up(cfg: dict, engine: Engine, drafters: list, tok, questions: list[Ques
     built state, so what a drafter learns across questions (TR's hot-start matrix) comes from
     measured questions only. first_question: Spec-Bench's protocol, all turns of the first question
     and no reset, so a learning drafter has seen that question's answer before it is timed."""
-    first = cfg.get("warmup_on", "builtin") == "first_question"
+    first = cfg["warmup_on"] == "first_question"
     warm_q = questions[0] if first else WARMUP_QUESTION
     for _ in range(cfg["warmup"]):
         for d in drafters:
@@ -410,10 +446,10 @@ def choose_run_forward(cfg: dict, device, dtype) -> str:
     """The forward this run gets on this machine (forward_choice.choose_forward), each step down from
     what the settings ask for said in one line. A cost-curve file measured on the forward asked for
     no longer fits a run that stepped down: it measures a quick curve on its own forward instead."""
-    choice = choose_forward(cfg.get("compile", "off"), cfg.get("compile_products", "auto"), device, dtype)
+    choice = choose_forward(cfg["compile"], cfg["compile_products"], device, dtype)
     for line in choice.warnings:
         print(line, file=sys.stderr)
-    if choice.warnings and cfg.get("cost_curve") not in (None, False, "auto", "off", "none"):
+    if choice.warnings and cfg["cost_curve"] not in (None, False, "auto", "off", "none"):
         print(f"warning: cost_curve {cfg['cost_curve']} was measured on another forward: this run measures "
               "a quick curve on its own", file=sys.stderr)
         cfg["cost_curve"] = "auto"
@@ -424,7 +460,7 @@ def run_cost_curve(cfg: dict, model, engine: Engine | None = None) -> cost.CostC
     """The cost curve behind the run's speedup bound: `cost_curve=auto` takes the profiled one cached
     for this model, device, dtype and forward, else measures a quick one (seconds); `off` none; else
     a file, measured on the run's forward (eager or compiled)."""
-    setting = cfg.get("cost_curve", "auto")
+    setting = cfg["cost_curve"]
     if setting in (None, False, "off", "none"):
         return None
     # a curve file was checked against the run's forward in validate(); auto measures on the engine's own
@@ -438,12 +474,12 @@ _LOADED: dict = {}
 
 def load_engine(cfg: dict, device, dtype):
     """(model, tokenizer, engine) for the run, reusing the previous job's when model and forward match."""
-    key = (repr(sorted(cfg["model"].items())), str(device), str(dtype), cfg.get("forward", "eager"))
+    key = (repr(sorted(cfg["model"].items())), str(device), str(dtype), cfg["forward"])
     if key not in _LOADED:
         _LOADED.clear()
         model, tok = load_model(cfg["model"], device, dtype)
         _LOADED[key] = (model, tok, Engine(model, eos_token_ids(model, tok),
-                                           compiled=cfg.get("forward", "eager") != "eager",
+                                           compiled=cfg["forward"] != "eager",
                                            products=ForwardChoice(cfg["forward"]).products))
     return _LOADED[key]
 

@@ -34,7 +34,7 @@ def forward_name(cfg: dict, device) -> str:
     (the CPU compiled forward with our packed kernel for the products). What a run gets can be less,
     where this machine cannot build what the plan needs (forward_choice.choose_forward)."""
     try:
-        return planned_forward(cfg.get("compile", "off"), cfg.get("compile_products", "auto"), device,
+        return planned_forward(cfg["compile"], cfg["compile_products"], device,
                                resolve_dtype(cfg["dtype"]))
     except ValueError as e:
         raise SettingsError(str(e)) from None
@@ -55,14 +55,14 @@ def validate(cfg: dict) -> None:
         raise SettingsError(f"warmup must be 0 or more, got {cfg['warmup']}")
     if _number(cfg["temperature"], "temperature") < 0:
         raise SettingsError(f"temperature must be 0 (greedy) or positive, got {cfg['temperature']}")
-    if not 0 < _number(cfg.get("top_p", 1.0), "top_p") <= 1:
+    if not 0 < _number(cfg["top_p"], "top_p") <= 1:
         raise SettingsError(f"top_p must be in (0, 1] (1 = off), got {cfg['top_p']}")
-    if _number(cfg.get("top_k", 0), "top_k", integer=True) < 0:
+    if _number(cfg["top_k"], "top_k", integer=True) < 0:
         raise SettingsError(f"top_k must be 0 (off) or positive, got {cfg['top_k']}")
     _number(cfg["seed"], "seed", integer=True)
-    if _number(cfg.get("repeat") or 0, "repeat", integer=True) < 0:
+    if _number(cfg["repeat"] or 0, "repeat", integer=True) < 0:
         raise SettingsError(f"repeat must be 0 (a single run) or a positive run number, got {cfg['repeat']}")
-    if cfg.get("warmup_on", "builtin") not in WARMUP_ON:
+    if cfg["warmup_on"] not in WARMUP_ON:
         raise SettingsError(f"warmup_on must be one of {', '.join(WARMUP_ON)}, got '{cfg['warmup_on']}'")
     if cfg["baseline"] not in BASELINES:
         raise SettingsError(f"baseline must be interleave, reuse, shared or none, got '{cfg['baseline']}'")
@@ -80,7 +80,7 @@ def validate(cfg: dict) -> None:
 
 def check_cost_curve(cfg: dict, forward: str) -> None:
     """A cost-curve file must have been measured on the forward the run uses."""
-    curve = cfg.get("cost_curve", "auto")
+    curve = cfg["cost_curve"]
     if curve in (None, False, "auto", "off", "none"):  # as run_cost_curve reads it
         return
     if not isinstance(curve, str):

@@ -13,7 +13,7 @@ This module runs the same verification forward compiled:
   own), the rest compiled by inductor with frozen weights and the row count symbolic, so one graph per cache capacity
   serves every draft size (no recompile per size). The row count is padded to at least 2: a size-1
   dimension is specialised, and the static-M path packs weights for MKL, whose small-M products are
-  2-4x slower here than oneDNN's (lm_head, 1 row: 8.3 ms against 4.4 ms);
+  slower here than oneDNN's (docs/compiled-forward.md has the measurements);
 - CUDA: a fixed capacity and CUDA graphs (`mode="reduce-overhead"`), one per row bucket, since a
   graph has static shapes; outputs are cloned because the next replay overwrites them. The same fixed
   shapes run on CPU with `fixed_shapes=True` (one inductor graph per bucket, no CUDA graphs), which is
@@ -96,7 +96,7 @@ def static_cache(n_layers: int, capacity: int) -> Cache:
 
 def model_identity_guards(entries) -> list[bool]:
     """Dynamo's guard filter: of the guards on the model's modules (a few thousand type and dict checks,
-    about 1 ms per call on this CPU) keep only the identity of its parameters and buffers. The weights
+    a cost paid on every call) keep only the identity of its parameters and buffers. The weights
     are frozen into the graph, so a model with other weights must not reuse it (two engines in one
     process); the module structure does not change under an engine."""
     return [not e.orig_guard.source.is_unspecialized_nn_module() or e.guard_type == "ID_MATCH" for e in entries]
@@ -310,15 +310,15 @@ class CompiledForward:
         import torch._inductor.config as inductor_config
 
         if self.packed:  # no products left for inductor to choose kernels for. cpp_wrapper: the graph's
-            # ~200 kernel and op calls from C++, not Python (the Python wrapper cost 3.7 ms per step).
+            # kernel and op calls from C++, not Python (whose wrapper was a visible share of a step).
             # realize_opcount_threshold: the rotary cos/sin are computed once per step into a buffer;
-            # at the default (30) inductor inlined them into each layer's q and k kernels, 60 times a
-            # step, which cost 1.1 ms of a 16-row step (0.3 ms now; kernels.md under the profiler)
+            # at the default inductor inlined them into each layer's q and k kernels, twice a layer a
+            # step (measurements of both: docs/compiled-forward.md)
             return inductor_config.patch({"freezing": True, "cpp_wrapper": True, "realize_opcount_threshold": 4})
 
         # concat_linear: one product for linears that share an input (q/k/v, gate/up): fewer, larger GEMMs.
-        # max_autotune: inductor's C++ GEMM template against oneDNN, per weight shape, fastest kept; on
-        # the 2-core CPU it cut t(2) from about 37 to 27 ms for about 2 more minutes of compiling
+        # max_autotune: inductor's C++ GEMM template against oneDNN, per weight shape, fastest kept: a
+        # faster forward for minutes more of compiling (docs/compiled-forward.md)
         return inductor_config.patch({"freezing": True, "cpp.enable_concat_linear": True, "max_autotune": True,
                                       "max_autotune_gemm_backends": "CPP,ATEN"})
 

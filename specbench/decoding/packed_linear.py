@@ -3,7 +3,7 @@
 
 A verification step multiplies up to a few dozen rows by every weight of the model. Inductor's C++ GEMM
 template (and oneDNN) fetch a block of weights and then compute on it, so on this CPU a 16-row step cost
-the weight read *plus* the arithmetic (results/archive/cpu-compiled/kernels.md). The kernel overlaps the two.
+the weight read *plus* the arithmetic (docs/compiled-forward.md). The kernel overlaps the two.
 It also makes each row's result independent of the rows beside it (one FMA chain per output, in
 order), so a verification row equals a one-row step bit for bit in these products.
 
@@ -77,7 +77,7 @@ def first_error_line(log: str) -> str:
 
 
 def load_kernel() -> float:
-    """Build (first time on this machine: about 30 s) or load the kernel and register
+    """Build (the first time on a machine, for this torch) or load the kernel and register
     `torch.ops.specbench.packed_linear`. Returns the seconds it took; raises KernelBuildError when it
     cannot (build_problem says why)."""
     t0 = time.perf_counter()

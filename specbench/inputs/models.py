@@ -35,7 +35,11 @@ def named_model_config(name: str, path: str | None = None) -> dict:
     if not file.is_file():
         valid = ", ".join(sorted(f.stem for f in MODEL_CONFIGS.glob("*.yaml")))
         raise SettingsError(f"unknown model '{name}'; valid names: {valid} (conf/model/<name>.yaml)")
-    cfg = OmegaConf.to_container(OmegaConf.load(file))
+    from specbench.benchmark.config import ModelConfig
+
+    loaded = OmegaConf.load(file)
+    loaded.pop("defaults", None)  # the schema it names, merged here as Hydra merges it
+    cfg = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(ModelConfig), loaded))
     if path:
         cfg["path"] = path
     return cfg
@@ -172,8 +176,11 @@ def check_model_config(cfg) -> None:
     """Refuse a model config that cannot load, before loading anything: no path, a local directory or
     GGUF file that is not there, an unknown chat template. Hub ids and PyPI wheels are checked when
     fetched."""
-    name, path, gguf = cfg["name"], cfg.get("path"), cfg.get("gguf")
-    check_template(cfg.get("chat_template", "auto"))
+    from specbench.benchmark.config import ModelConfig, with_defaults
+
+    cfg = with_defaults(ModelConfig, cfg)
+    name, path, gguf = cfg["name"], cfg["path"], cfg["gguf"]
+    check_template(cfg["chat_template"])
     if gguf and path:
         file = Path(path) / gguf["file"]
         if not file.is_file():
@@ -192,10 +199,13 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype):
     """cfg: the model config (name, path, gguf). Returns (model, tokenizer), model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specbench.benchmark.config import ModelConfig, with_defaults
+
     check_model_config(cfg)
+    cfg = with_defaults(ModelConfig, cfg)
     name = cfg["name"]
-    path = cfg.get("path")
-    gguf = cfg.get("gguf")
+    path = cfg["path"]
+    gguf = cfg["gguf"]
     try:
         if gguf and gguf.get("packages") and not path:
             gguf_path = fetch_gguf_from_pypi(name, list(gguf["packages"]), list(gguf["members"]),

@@ -113,11 +113,14 @@ def select_per_subtask(questions: list[Question], n: int | None) -> list[Questio
 
 
 def load_task(cfg) -> list[Question]:
+    from specbench.benchmark.config import TaskConfig, with_defaults
+
+    cfg = with_defaults(TaskConfig, cfg)
     kind = cfg["kind"]
     if kind == "mini":
         questions = list(MINI)
     elif kind in ("spec_bench", "jsonl"):
-        if not cfg.get("path"):
+        if not cfg["path"]:
             raise SettingsError(
                 f"task '{cfg['name']}' needs task.path=<question.jsonl> (or SPECBENCH_QUESTIONS=...); "
                 f"Spec-Bench's file is data/spec_bench/question.jsonl in the Spec-Bench repository"
@@ -125,7 +128,7 @@ def load_task(cfg) -> list[Question]:
         questions = load_jsonl_questions(cfg["path"])
     else:
         raise SettingsError(f"unknown task kind '{kind}'. Valid kinds: mini, spec_bench, jsonl")
-    wanted = cfg.get("subtasks")
+    wanted = cfg["subtasks"]
     if wanted:
         wanted = [wanted] if isinstance(wanted, str) else list(wanted)
         present = sorted({q.subtask for q in questions})
@@ -134,9 +137,9 @@ def load_task(cfg) -> list[Question]:
             raise SettingsError(f"task.subtasks names {', '.join(unknown)}, which task '{cfg['name']}' does not "
                                 f"have. Valid subtasks: {', '.join(present)}")
         questions = [q for q in questions if q.subtask in wanted]
-    questions = select_per_subtask(questions, cfg.get("per_subtask"))
-    if (cfg.get("limit") or 0) < 0:
+    questions = select_per_subtask(questions, cfg["per_subtask"])
+    if (cfg["limit"] or 0) < 0:
         raise SettingsError(f"task.limit must be a number of questions (null: all), got {cfg['limit']}")
-    if cfg.get("limit"):
+    if cfg["limit"]:
         questions = questions[: cfg["limit"]]
     return questions

@@ -7,6 +7,3 @@ from specbench.registry import register
 @register("ar")
 class Autoregressive(Drafter):
     """Proposes nothing, so every step is one plain forward of the last token."""
-
-    def __init__(self, **_):
-        pass

@@ -69,6 +69,8 @@ Jacobi guesses feeding 1-grams) works.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import random
 from collections import OrderedDict
 from functools import lru_cache
@@ -182,12 +184,28 @@ class NgramPool:
 POOL_LIFETIMES = ("turn", "question", "run")
 
 
+@dataclass
+class LookaheadSettings:
+    """Spec-Bench's settings N=5, W=7, G=7."""
+
+    N: int = 5  # n-gram size; the Jacobi window has N-1 levels
+    W: int = 7  # window columns (level 0's first column is the root)
+    G: int = 7  # n-grams kept per first token in the pool (LRU) = most candidates per step
+    merge_candidates: bool = True  # candidates sharing a prefix become one trie; false: one flat chain each
+    pool: str = "turn"  # n-gram pool lifetime: turn (Spec-Bench: a new pool per generate call) | question | run
+    prompt_ngrams: bool = False  # true: seed the pool with the prompt's n-grams and add the output's as it grows
+    seed: int = 0  # random choice of prompt tokens that fill the initial window
+
+
 @register("lookahead")
 class Lookahead(Drafter):
-    def __init__(self, vocab_size: int = 0, N: int = 5, W: int = 7, G: int = 7, merge_candidates: bool = True,
-                 pool: str = "turn", prompt_ngrams: bool = False, seed: int = 0,
-                 device: str | torch.device = "cpu", **_):
-        N, W, G = int(N), int(W), int(G)
+    Settings = LookaheadSettings
+
+    def __init__(self, target=None, settings: LookaheadSettings | None = None, **values):
+        super().__init__(target, settings, **values)
+        s = self.settings
+        N, W, G = int(s.N), int(s.W), int(s.G)
+        merge_candidates, pool, prompt_ngrams, seed = s.merge_candidates, s.pool, s.prompt_ngrams, s.seed
         self._check(N, W, G, pool)
         self.N, self.W, self.G = N, W, G
         self.merge_candidates = bool(merge_candidates)

@@ -11,6 +11,9 @@ AR. Typical acceptance (`typical=true`) is Medusa's lossy option; see `override_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Optional
+
 import torch
 
 from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
@@ -19,14 +22,36 @@ from specbench.methods.medusa_heads import (MedusaHeadsError, check_heads_dir, l
 from specbench.registry import register
 
 
+@dataclass
+class MedusaSettings:
+    """Spec-Bench's settings: Medusa-1 heads, tree mc_sim_7b_63, greedy. `heads`: default = the heads
+    for this model (data/medusa/smollm2-135m for the embedded SmolLM2, trained with
+    scripts/train_medusa.py; FasterDecoding's published heads for vicuna-7b/13b/33b), else a directory
+    with config.json + medusa_lm_head.pt, or a hub id."""
+
+    heads: str = "default"
+    choices: Any = "mc_sim_7b_63"  # a tree in data/medusa/medusa_trees.json, a JSON file, or a list of rank paths
+    num_heads: Optional[int] = None  # the first N heads of the checkpoint (None: all); must cover the tree
+    # Typical acceptance (Medusa's lossy option): accept a draft token whose probability at temperature
+    # typical_temperature exceeds min(posterior_threshold, posterior_alpha * exp(-entropy)).
+    typical: bool = False
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    typical_temperature: float = 0.7
+
+
 @register("medusa")
 class Medusa(Drafter):
     needs_hidden_states = True
+    Settings = MedusaSettings
 
-    def __init__(self, vocab_size: int, model=None, model_name: str | None = None, heads: str = "default",
-                 choices="mc_sim_7b_63", num_heads: int | None = None, typical: bool = False,
-                 posterior_threshold: float = 0.09, posterior_alpha: float = 0.3,
-                 typical_temperature: float = 0.7, **_):
+    def __init__(self, target=None, settings: MedusaSettings | None = None, **values):
+        super().__init__(target, settings, **values)
+        s, t = self.settings, self.target
+        vocab_size, model, model_name = t.vocab_size, t.model, t.model_name
+        heads, choices, num_heads, typical = s.heads, s.choices, s.num_heads, s.typical
+        posterior_threshold, posterior_alpha = s.posterior_threshold, s.posterior_alpha
+        typical_temperature = s.typical_temperature
         if model is None:
             raise MedusaHeadsError("Medusa needs the base model (its lm_head and hidden size)")
         self.choices = tree_from_choices(load_choices(choices))

@@ -10,6 +10,8 @@ first hit; no Python loop over positions.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specbench.drafter import DecodeState, Draft, Drafter
@@ -44,13 +46,22 @@ def find_match(seq: torch.Tensor, max_ngram_size: int = 3, num_pred_tokens: int 
     return None
 
 
+@dataclass
+class PLDSettings:
+    max_ngram_size: int = 3  # query n-gram sizes tried, from this down to 1
+    num_pred_tokens: int = 10  # tokens drafted after the match
+
+
 @register("pld")
 class PromptLookup(Drafter):
-    def __init__(self, vocab_size: int = 0, max_ngram_size: int = 3, num_pred_tokens: int = 10,
-                 device: str | torch.device = "cpu", **_):
-        self._check(max_ngram_size, num_pred_tokens)
-        self.max_ngram_size = int(max_ngram_size)
-        self.num_pred_tokens = int(num_pred_tokens)
+    Settings = PLDSettings
+
+    def __init__(self, target=None, settings: PLDSettings | None = None, **values):
+        super().__init__(target, settings, **values)
+        s = self.settings
+        self._check(s.max_ngram_size, s.num_pred_tokens)
+        self.max_ngram_size = int(s.max_ngram_size)
+        self.num_pred_tokens = int(s.num_pred_tokens)
 
     @classmethod
     def check_settings(cls, params: dict, target: dict) -> dict:

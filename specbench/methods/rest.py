@@ -10,6 +10,8 @@ verifies all 64.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specbench.drafter import DecodeState, Draft, Drafter
@@ -19,11 +21,33 @@ from specbench.methods.rest_datastore import TRIE_RULES, Datastore, DatastoreErr
 from specbench.decoding.tree import DraftTree
 
 
+@dataclass
+class RestSettings:
+    """Spec-Bench's settings. `datastore`: default = data/rest/smollm2-135m-selfdistil, built for the
+    embedded SmolLM2 from the model's own answers to non-benchmark prompts (data/rest/README.md); any
+    other name under data/rest/ or a directory; other models: scripts/build_rest_datastore.py."""
+
+    datastore: str = "default"
+    num_draft: int = 64  # draft budget: the most frequent continuation prefixes taken per step
+    # which of those prefixes are verified: reference = as REST's DraftRetriever (paths dropped longest
+    # first while their lengths add up to more than num_draft); all_prefixes = all of them
+    trie: str = "reference"
+    max_token_span: int = 16  # longest context suffix queried; then shorter, down to min_token_span
+    min_token_span: int = 2
+    max_matches: int = 5000  # hits (in suffix-array order) whose continuations are counted
+    continuation_len: int = 10  # tokens taken after each hit
+
+
 @register("rest")
 class Rest(Drafter):
-    def __init__(self, vocab_size: int, datastore: str = "default", num_draft: int = 64,
-                 max_token_span: int = 16, min_token_span: int = 2, max_matches: int = 5000,
-                 continuation_len: int = 10, trie: str = "reference", device: str | torch.device = "cpu", **_):
+    Settings = RestSettings
+
+    def __init__(self, target=None, settings: RestSettings | None = None, **values):
+        super().__init__(target, settings, **values)
+        s, vocab_size = self.settings, self.target.vocab_size
+        datastore, num_draft, trie = s.datastore, s.num_draft, s.trie
+        max_token_span, min_token_span, max_matches = s.max_token_span, s.min_token_span, s.max_matches
+        continuation_len = s.continuation_len
         self._check(num_draft, max_token_span, min_token_span, max_matches, continuation_len, trie)
         self.store = Datastore(resolve_path(datastore))
         top = int(self.store.meta.get("max_token_id", -1))

@@ -17,6 +17,8 @@ specbench/hardware/goodput.py.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any, Optional
 from collections import deque
 from pathlib import Path
 
@@ -93,11 +95,26 @@ def check_update(update: str) -> None:
                             f"every verified row; accepted: the accepted path only), got {update!r}")
 
 
+@dataclass
+class TRSettings:
+    k: int = 8  # candidates kept per adjacency-matrix row
+    tree: Any = "published"  # published | path/to/tree.json | inline list of child counts per depth
+    cold_start: bool = False  # true: reset the matrix before every question (the paper uses hot start)
+    # all_rows: every verified row overwrites its token's matrix row (the paper); accepted: only the
+    # accepted path's rows (root + accepted nodes)
+    update: str = "all_rows"
+    prefill_update: bool = False  # true: also write a row for every prompt token from the prefill's logits
+
+
 @register("tr")
 class TokenRecycling(Drafter):
-    def __init__(self, vocab_size: int, k: int = 8, tree="published", cold_start: bool = False,
-                 update: str = "all_rows", prefill_update: bool = False,
-                 device: str | torch.device = "cpu", **_):
+    Settings = TRSettings
+
+    def __init__(self, target=None, settings: TRSettings | None = None, **values):
+        super().__init__(target, settings, **values)
+        s = self.settings
+        vocab_size, device = self.target.vocab_size, self.target.device
+        k, tree, cold_start, update, prefill_update = s.k, s.tree, s.cold_start, s.update, s.prefill_update
         check_update(update)
         self.k = k
         self.cold_start = cold_start
@@ -196,6 +213,19 @@ class TokenRecycling(Drafter):
         return top
 
 
+@dataclass
+class AdaptiveTRSettings(TRSettings):
+    cost_curve: Optional[str] = None  # None: the run's curve (cost_curve= at the top level); or a curve JSON path
+    min_gain: float = 0.05  # draft only when the expected tokens/s beat a plain step's by this fraction
+    # auto: per-step node confidences on the CPU (free there), slot statistics on an accelerator (no
+    # extra device sync per step); true / false force one or the other
+    confidence: Any = "auto"
+    half_life: Optional[float] = None  # steps after which an observation counts half; None: 400 (confidence), 200 (slots)
+    prior_steps: Optional[float] = None  # weight of the prior, in steps; None: 4 (confidence), 8 (slots)
+    prior_per_depth: float = 0.5  # slot prior p(node) = prior_per_depth ** depth / (1 + sibling rank)
+    context_buckets: bool = True  # separate statistics for roots the matrix predicted at rank 0 and the rest
+
+
 @register("tr_adaptive")
 class AdaptiveTokenRecycling(TokenRecycling):
     """Token Recycling that verifies, each step, the sub-tree of its template with the most expected
@@ -224,14 +254,14 @@ class AdaptiveTokenRecycling(TokenRecycling):
 
     BINS = 10  # confidence bins of width 0.1, plus one for entries never written
 
-    def __init__(self, vocab_size: int, k: int = 8, tree="published", cold_start: bool = False,
-                 update: str = "all_rows", prefill_update: bool = False,
-                 device: str | torch.device = "cpu", cost_curve=None, min_gain: float = 0.05,
-                 confidence="auto", half_life: float | None = None, prior_steps: float | None = None,
-                 prior_per_depth: float = 0.5, context_buckets: bool = True, model=None,
-                 model_name: str = "", dtype_name: str | None = None, hardware_curve=None, **_):
-        super().__init__(vocab_size, k=k, tree=tree, cold_start=cold_start, update=update,
-                         prefill_update=prefill_update, device=device)
+    Settings = AdaptiveTRSettings
+
+    def __init__(self, target=None, settings: AdaptiveTRSettings | None = None, **values):
+        super().__init__(target, settings, **values)
+        s, t = self.settings, self.target
+        cost_curve, min_gain, confidence, context_buckets = s.cost_curve, s.min_gain, s.confidence, s.context_buckets
+        half_life, prior_steps, prior_per_depth = s.half_life, s.prior_steps, s.prior_per_depth
+        hardware_curve, model, model_name, dtype_name = t.hardware_curve, t.model, t.model_name, t.dtype_name
         # method.cost_curve, else the curve the runner measured or loaded, else one for the model
         self.curve = resolve_curve(cost_curve or hardware_curve, model, model_name, dtype_name)
         self.step_times = self.curve.table(self.tree.size)  # t(w) for w = 1 .. template rows

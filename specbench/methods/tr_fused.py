@@ -24,16 +24,17 @@ only, both).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from collections import deque
 
 import torch
 
 from specbench.decoding.tree import DraftTree
-from specbench.drafter import DecodeState, Draft, StepOutcome
+from specbench.drafter import TARGET_FACTS, DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
 from specbench.hardware.goodput import RateTable, choose_nodes, subtree_parents
 from specbench.methods.pld import PromptLookup, find_match
-from specbench.methods.tr import AdaptiveTokenRecycling
+from specbench.methods.tr import AdaptiveTokenRecycling, AdaptiveTRSettings
 from specbench.registry import register
 
 MATRIX, RETRIEVAL = 1, 2  # source bits of a merged node
@@ -54,24 +55,28 @@ def merge_chain(children: list[list[int]], node_tokens: list[int], chain: list[i
     return shared, len(shared)
 
 
+@dataclass
+class FusedTRSettings(AdaptiveTRSettings):
+    matrix: bool = True  # the matrix's template as a source (false: retrieval only, still chosen per step)
+    retrieval: bool = True  # Prompt Lookup's continuation as a source (false: tr_adaptive)
+    max_ngram_size: int = 3  # retrieval: query n-gram sizes tried, from this down to 1 (as PLD)
+    num_pred_tokens: int = 10  # retrieval: tokens after the match (as PLD)
+    max_nodes: int = 80  # node budget of the merged tree per step
+
+
 @register("tr_fused")
 class FusedTokenRecycling(AdaptiveTokenRecycling):
-    def __init__(self, vocab_size: int, k: int = 8, tree="published", cold_start: bool = False,
-                 update: str = "all_rows", prefill_update: bool = False, matrix: bool = True,
-                 retrieval: bool = True, max_ngram_size: int = 3, num_pred_tokens: int = 10,
-                 max_nodes: int = 80, device: str | torch.device = "cpu", cost_curve=None,
-                 min_gain: float = 0.05, confidence="auto", half_life: float | None = None,
-                 prior_steps: float | None = None, prior_per_depth: float = 0.5, context_buckets: bool = True,
-                 model=None, model_name: str = "", dtype_name: str | None = None, hardware_curve=None, **_):
-        self._check(matrix, retrieval, max_ngram_size, num_pred_tokens, max_nodes)
-        self.use_matrix, self.use_retrieval = bool(matrix), bool(retrieval)
-        self.max_ngram_size, self.num_pred_tokens = int(max_ngram_size), int(num_pred_tokens)
-        self.max_nodes = int(max_nodes)
-        super().__init__(vocab_size, k=k, tree=tree, cold_start=cold_start, update=update,
-                         prefill_update=prefill_update, device=device, cost_curve=cost_curve, min_gain=min_gain,
-                         confidence=confidence, half_life=half_life, prior_steps=prior_steps,
-                         prior_per_depth=prior_per_depth, context_buckets=context_buckets, model=model,
-                         model_name=model_name, dtype_name=dtype_name, hardware_curve=hardware_curve)
+    Settings = FusedTRSettings
+
+    def __init__(self, target=None, settings: FusedTRSettings | None = None, **values):
+        # the sources are set before the parent builds (its reset() reads them)
+        s = settings if settings is not None else FusedTRSettings(
+            **{k: v for k, v in values.items() if k not in TARGET_FACTS})
+        self._check(s.matrix, s.retrieval, s.max_ngram_size, s.num_pred_tokens, s.max_nodes)
+        self.use_matrix, self.use_retrieval = bool(s.matrix), bool(s.retrieval)
+        self.max_ngram_size, self.num_pred_tokens = int(s.max_ngram_size), int(s.num_pred_tokens)
+        self.max_nodes = int(s.max_nodes)
+        super().__init__(target, s, **{k: v for k, v in values.items() if k in TARGET_FACTS})
         self.step_times = self.curve.table(self.tree.size + self.num_pred_tokens)
 
     @classmethod

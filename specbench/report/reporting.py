@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def after_run(cfg: dict, summary: dict, records: list[dict], baseline: list[dict], out_dir: Path) -> None:
-    root = Path(cfg.get("results_root") or "results")
+    root = Path(cfg["results_root"])
     try:  # results.csv gathers every run under results_root (runs written elsewhere: skipped)
         if Path(out_dir).resolve().is_relative_to(root.resolve()):
             from specbench.report.collect import write_results_csv

@@ -52,7 +52,7 @@ def question_metrics(records: list[dict], baseline: list[dict]) -> list[dict]:
 def log_run(cfg: dict, summary: dict, records: list[dict], baseline: list[dict], out_dir: Path):
     """Log one finished run; returns the wandb run directory, or None when disabled/unavailable."""
     global _NOTICE_SHOWN
-    w = cfg.get("wandb") or {}
+    w = cfg["wandb"]
     if not w.get("enabled", True) or os.environ.get("WANDB_MODE") == "disabled" or w.get("mode") == "disabled":
         return None
     try:
