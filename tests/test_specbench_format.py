@@ -137,7 +137,8 @@ def test_round_trip_gives_back_the_figures_and_the_files(run_dir, exported, tmp_
     (row_i,) = collect.run_rows([imp])
     for k in (*tables.VALUE_KEYS, "decode_tokens_per_s", "decode_speedup", "baseline_tokens_per_s", "questions"):
         assert row_i[k] == row_o[k], k
-    assert row_i["lossless"] == {"checked": 3, "exact": 3, "numeric_ties": 0, "mismatches": 0, "lossy_differences": 0}
+    assert row_i["lossless"] == {"checked": 3, "exact": 3, "numeric_ties": 0, "mismatches": 0, "lossy_differences": 0,
+                                 "tokens_checked": 0, "tokens_equal": 0, "tokens_numeric": 0, "tokens_outside_band": 0}
     assert imp.records[0]["lossless"] == {"status": "exact", "basis": "text"}
     assert (row_i["model"], row_i["temperature"], row_i["dtype"]) == ("toy", 0.0, "float32")  # from the model id
     summary = json.loads((out / "summary.json").read_text())

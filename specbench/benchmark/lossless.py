@@ -1,15 +1,51 @@
-"""Compare a method's output with AR's, token by token, and classify the first difference.
+"""The lossless check: every emitted token is the target's choice, up to the forward's rounding.
 
-A difference is a numeric tie when AR's top-2 logit margin at the divergent position is below a
-dtype-dependent tolerance (the tree forward and the one-token forward round differently); any
-other difference is a real mismatch, i.e. a bug.
+Two checks per question, both on the real model:
+
+1. Every token (`check_tokens`), independent of AR's trajectory: one teacher-forced forward over prompt +
+   the method's own output gives the target's scores at every position, and each emitted token must
+   be the choice there (greedy: the argmax; sampling: the argmax of the filtered, tempered logits plus
+   that position's keyed noise, as the sampler defines it), or within the rounding band of it.
+2. Against AR (`compare_question`): exact, or a first divergence judged by a float32 referee. The
+   method's token must be one of AR's top two there; it is numeric when the two candidates' float32
+   margin is inside the band (rounding could have flipped them), a bug otherwise.
+
+The rounding band (`rounding_band`). Two forwards that compute the same logits in different orders (a
+w-row tree and a one-row step; a teacher-forced sequence) give logits that differ by rounding: every
+stored activation and the logits themselves are rounded to the dtype, so the difference scales with
+the dtype's spacing at the logits' magnitude, not with any fixed number. An argmax (no softmax
+involved) flips between tokens a and b only if the difference of their logits moves by more than
+their margin, and |d(z_a - z_b)| <= 2 max_i |d z_i|. The band is BAND_ULPS units of the dtype's spacing
+at the row's largest |logit|, twice the largest |d z| measured between the teacher-forced forward and
+step-by-step decoding on the embedded model (docs/protocol.md, "Lossless check"): half precision
+keeps each activation to 8 or 11 bits, so the layers' rounding dominates and stays within a few ulps;
+float32's spacing is so fine that the order of accumulation inside the products dominates instead,
+hence more ulps there, yet a far tighter band in absolute terms.
 """
 
 from __future__ import annotations
 
+import copy
+import math
+import weakref
+
 import torch
 
-TIE_TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 2.5e-1}
+MANTISSA_BITS = {"float32": 23, "float16": 10, "bfloat16": 7}
+BAND_ULPS = {"float32": 128, "float16": 16, "bfloat16": 16}
+
+
+def ulp(magnitude: float, dtype_name: str) -> float:
+    """The dtype's spacing at `magnitude`: 2 ** (exponent of magnitude - mantissa bits)."""
+    exponent = math.floor(math.log2(magnitude)) if magnitude > 0 else -126
+    return 2.0 ** (exponent - MANTISSA_BITS[dtype_name])
+
+
+def rounding_band(max_abs_logit: float, dtype_name: str, temperature: float = 0.0) -> float:
+    """How far apart two scores may be and still swap places through rounding alone; on logits / T
+    when sampling."""
+    band = BAND_ULPS[dtype_name] * ulp(max_abs_logit, dtype_name)
+    return band / temperature if temperature > 0 else band
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -20,47 +56,121 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def target_scores(logits: torch.Tensor, positions: torch.Tensor, sampler=None) -> torch.Tensor:
+    """The scores whose argmax is the target's choice: the logits (greedy), or the filtered, tempered
+    logits plus each position's keyed noise (sampling), in float32."""
+    if sampler is None:
+        return logits.float()
+    from specbench.decoding.sampling import filter_logits, gumbel_noise
+
+    scores = filter_logits(logits, sampler.temperature, sampler.top_k, sampler.top_p)
+    return scores + gumbel_noise(sampler.key, positions.to(scores.device), scores.shape[-1])
+
+
+def classify_tokens(scores: torch.Tensor, tokens: torch.Tensor, bands: torch.Tensor) -> dict:
+    """Per emitted token: the target's choice, within the band of it (numeric), or outside (a bug).
+    scores (n, vocab), tokens (n,), bands (n,). Pure: the teacher-forced forward is the caller's."""
+    best = scores.max(dim=-1).values
+    own = scores.gather(-1, tokens[:, None])[:, 0]
+    margin = best - own  # >= 0; inf when the token was filtered out
+    equal = margin == 0
+    inside = ~equal & (margin <= bands)
+    outside = ~equal & ~inside
+    first_bad = int(outside.nonzero()[0, 0]) if outside.any() else None
+    return {"tokens_checked": int(tokens.numel()), "tokens_equal": int(equal.sum()),
+            "tokens_numeric": int(inside.sum()), "tokens_outside_band": int(outside.sum()),
+            "first_outside": None if first_bad is None else
+            {"index": first_bad, "token": int(tokens[first_bad]), "margin": float(margin[first_bad]),
+             "band": float(bands[first_bad])}}
+
+
 @torch.inference_mode()
-def top2_margin(model, prefix_ids: list[int], sampler=None) -> float:
-    """Gap between the two best scores for the token after `prefix_ids` (a sequential forward).
+def check_tokens(model, record: dict, dtype_name: str, sampler=None, question_id=None) -> dict:
+    """Every emitted token of every turn of a question against one teacher-forced forward per turn."""
+    total = {"tokens_checked": 0, "tokens_equal": 0, "tokens_numeric": 0, "tokens_outside_band": 0}
+    first = None
+    temperature = sampler.temperature if sampler is not None else 0.0
+    for turn, t in enumerate(record["turns"]):
+        prompt, out = list(t["prompt_ids"]), list(t["token_ids"])
+        if not out:
+            continue
+        if sampler is not None:
+            sampler.bind(question_id, turn)
+        ids = torch.tensor([prompt + out[:-1]], device=model.device)
+        logits = model(input_ids=ids, logits_to_keep=len(out)).logits[0]  # rows predicting out[0..n-1]
+        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(out), device=logits.device)
+        scores = target_scores(logits, positions, sampler)
+        scale = logits.float().abs().amax(dim=-1).tolist()
+        bands = torch.tensor([rounding_band(s, dtype_name, temperature) for s in scale], device=scores.device)
+        c = classify_tokens(scores, torch.tensor(out, device=scores.device), bands)
+        for k in total:
+            total[k] += c[k]
+        if first is None and c["first_outside"] is not None:
+            first = dict(c["first_outside"], turn=turn)
+    return dict(total, first_outside=first)
 
-    Greedy: the raw logits. Sampling: the filtered, tempered logits plus that position's noise,
-    i.e. the scores whose argmax is the sample."""
+
+_FLOAT32_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def float32_twin(model):
+    """The same weights in float32 (the referee); the model itself when it already is float32."""
+    if model.dtype == torch.float32:
+        return model
+    if model not in _FLOAT32_TWINS:
+        _FLOAT32_TWINS[model] = copy.deepcopy(model).float().eval()
+    return _FLOAT32_TWINS[model]
+
+
+@torch.inference_mode()
+def referee(model, prefix_ids: list[int], ar_token: int, method_token: int, dtype_name: str, sampler=None) -> dict:
+    """Judge one divergence from AR at the token after `prefix_ids`: a bug unless the method's token is
+    one of AR's top two (in the run's dtype) and the two tokens' float32 margin is inside the band."""
     ids = torch.tensor([prefix_ids], device=model.device)
-    logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1:].float()
-    if sampler is not None:
-        from specbench.decoding.sampling import filter_logits, gumbel_noise
+    pos = torch.tensor([len(prefix_ids) - 1], device=model.device)
+    logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1:]
+    top2 = target_scores(logits, pos, sampler)[0].topk(2)
+    exact = target_scores(float32_twin(model)(input_ids=ids, logits_to_keep=1).logits[0, -1:], pos, sampler)[0]
+    band = rounding_band(float(logits.float().abs().max()), dtype_name, sampler.temperature if sampler else 0.0)
+    float32_margin = abs(float(exact[ar_token] - exact[method_token]))
+    in_top2 = method_token in top2.indices.tolist()
+    return {"status": "numeric_tie" if in_top2 and float32_margin <= band else "mismatch",
+            "ar_top2_margin": float(top2.values[0] - top2.values[1]), "float32_margin": float32_margin,
+            "band": band, "method_token_in_ar_top2": in_top2}
 
-        pos = torch.tensor([len(prefix_ids) - 1], device=logits.device)
-        logits = filter_logits(logits, sampler.temperature, sampler.top_k, sampler.top_p)
-        logits = logits + gumbel_noise(sampler.key, pos, logits.shape[-1])
-    top = logits[0].topk(2).values
-    return float(top[0] - top[1])
 
-
-def compare_question(model, ar_record: dict, method_record: dict, tolerance: float,
+def compare_question(model, ar_record: dict, method_record: dict, dtype_name: str,
                      sampler=None, question_id=None) -> dict:
-    """Check every turn; stop at the first divergent turn (later turns have different prompts)."""
+    """Against AR: exact, or the first divergent turn's first divergence judged by the referee (later
+    turns have other prompts). A length difference (one side stopped) is judged at the shorter end."""
     for turn, (ta, tm) in enumerate(zip(ar_record["turns"], method_record["turns"])):
         pos = first_divergence(ta["token_ids"], tm["token_ids"])
         if pos is None:
             continue
         if sampler is not None:
             sampler.bind(question_id, turn)
-            tolerance = tolerance / sampler.temperature  # the margin is measured on logits / T
-        margin = top2_margin(model, ta["prompt_ids"] + ta["token_ids"][:pos], sampler)
-        status = "numeric_tie" if margin < tolerance else "mismatch"
-        return {"status": status, "turn": turn, "position": pos, "ar_top2_margin": margin,
-                "ar_token": ta["token_ids"][pos] if pos < len(ta["token_ids"]) else None,
-                "method_token": tm["token_ids"][pos] if pos < len(tm["token_ids"]) else None}
+        ar_tok = ta["token_ids"][pos] if pos < len(ta["token_ids"]) else None
+        m_tok = tm["token_ids"][pos] if pos < len(tm["token_ids"]) else None
+        prefix = ta["prompt_ids"] + ta["token_ids"][:pos]
+        if ar_tok is None or m_tok is None:  # one side ended: only a mismatch of lengths is left
+            verdict = {"status": "mismatch", "ar_top2_margin": float("nan"), "float32_margin": float("nan"),
+                       "band": float("nan"), "method_token_in_ar_top2": False}
+        else:
+            verdict = referee(model, prefix, ar_tok, m_tok, dtype_name, sampler)
+        return dict(verdict, turn=turn, position=pos, ar_token=ar_tok, method_token=m_tok)
     return {"status": "exact"}
 
 
 def tally(checks: list[dict]) -> dict:
-    return {
+    """Per run: questions exact vs AR, numeric divergences, mismatches (bugs), lossy differences; and the
+    whole-output counts summed over every checked question."""
+    out = {
         "checked": len(checks),
         "exact": sum(c["status"] == "exact" for c in checks),
         "numeric_ties": sum(c["status"] == "numeric_tie" for c in checks),
         "mismatches": sum(c["status"] == "mismatch" for c in checks),
         "lossy_differences": sum(c["status"] == "lossy_difference" for c in checks),
     }
+    for key in ("tokens_checked", "tokens_equal", "tokens_numeric", "tokens_outside_band"):
+        out[key] = sum(c.get("tokens", {}).get(key, 0) for c in checks)
+    return out

@@ -273,6 +273,8 @@ def _footnote(table: dict) -> str:
             f"{r['label']} n={r['n']}" for r in ours) + ")")
     lo = [f"{r['label']} {r['lossless']['exact']}/{r['lossless']['checked']} exact"
           + (f", {r['lossless']['mismatches']} MISMATCHES" if r["lossless"].get("mismatches") else "")
+          + (f", {r['lossless']['tokens_outside_band']} TOKENS OUTSIDE THE BAND"
+             if r["lossless"].get("tokens_outside_band") else "")
           + (f", {r['lossless']['lossy_differences']} differ (lossy by design)"
              if r["lossless"].get("lossy_differences") else "")
           for r in ours if r.get("lossless") and r["lossless"].get("checked") and r["method"] != "ar"]
