@@ -106,8 +106,14 @@ def test_compiled_engine_decodes_the_same_tokens(tiny_llama, compiled_llama, mak
 
 
 def test_compiled_engine_with_inductors_products_decodes_the_same_tokens(tiny_llama):
-    """compile_products=inductor: the compiled forward before our packed kernel (inductor's own GEMMs)."""
-    engine = Engine(tiny_llama, eos_token_ids=[], compiled=True, products="inductor")
+    """compile_products=inductor: the compiled forward before our packed kernel (inductor's own GEMMs).
+    On a copy of the model: where the kernel does not build, the module's `compiled_llama` engine runs
+    inductor's products on tiny_llama too, and two inductor engines on one model share graphs (and the
+    cache buffers frozen into them): a known defect, in the session note, not what this test checks."""
+    import copy
+
+    model = copy.deepcopy(tiny_llama)
+    engine = Engine(model, eos_token_ids=[], compiled=True, products="inductor")
     assert engine.compiled.name == "compiled" and not engine.compiled.packed
     eager = Engine(tiny_llama, eos_token_ids=[])
     for make in (Autoregressive, lambda: TokenRecycling(vocab_size=97)):

@@ -121,8 +121,6 @@ def reserve_compiled_cache(engine: Engine, drafters: list, tokenizer, questions:
     compiling (outside the clock, but inside the sweep's wall time)."""
     if engine.compiled is None or engine.compiled.fixed or not questions:
         return
-    print(f"compiling the {engine.forward_name} forward before anything is timed (minutes the first time on a "
-          "machine; inductor's cache makes later runs quicker)", file=sys.stderr)
     longest = longest_prompt_bound(tokenizer, questions, template, max_new)
     for hidden in sorted({bool(d.needs_hidden_states) for d in drafters}):
         engine.new_cache(longest, max_new, hidden)

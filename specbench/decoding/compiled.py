@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 
 import torch
@@ -213,6 +214,8 @@ class CompiledForward:
         key = (cache_capacity(cache), hidden)
         if key in self._prepared:
             return
+        print(f"compiling the {self.name} forward for a cache of {key[0]} rows before anything is timed "
+              "(minutes the first time on a machine; inductor's cache makes later runs quicker)", file=sys.stderr)
         t0 = time.perf_counter()
         if hidden:  # transformers installs its hidden-state hooks on first use, under a lock dynamo
             # cannot trace: let an eager call install them
