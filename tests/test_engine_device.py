@@ -46,10 +46,12 @@ def test_engine_verify_returns_path_and_emitted_tokens(tiny_llama):
     def greedy(lg, pos):
         return lg.argmax(-1)
 
-    assert engine._verify(logits, draft, 3, greedy, Drafter()) == ([2, 4], [8, 10, 13])
-    assert engine._verify(logits[:1], None, 3, greedy, Drafter()) == ([], [8])
+    ids = torch.cat([torch.tensor([5]), draft.tokens])  # the forward's rows: root, then the draft
+    accepted, emitted, path = engine._verify(logits, draft, ids, 3, greedy, Drafter())
+    assert (accepted, emitted, path.tolist()) == ([2, 4], [8, 10, 13], [0, 2, 4])
+    assert engine._verify(logits[:1], None, ids[:1], 3, greedy, Drafter()) == ([], [8], None)
     as_list = lambda lg, pos: lg.argmax(-1).tolist()  # noqa: E731 - a sampler returning host ints
-    assert engine._verify(logits, draft, 3, as_list, Drafter()) == ([2, 4], [8, 10, 13])
+    assert engine._verify(logits, draft, ids, 3, as_list, Drafter())[:2] == ([2, 4], [8, 10, 13])
 
 
 @pytest.mark.parametrize("window", [None, 3])

@@ -82,17 +82,17 @@ def test_every_method_passes_the_whole_output_check_in_half_precision(method, dt
 _VERIFY = Engine._verify
 
 
-def _one_rank_off(self, logits, draft, cache_len, select, drafter):
+def _one_rank_off(self, logits, draft, draft_ids, cache_len, select, drafter):
     """A broken verifier: a draft token is accepted when it is its parent's *second* choice."""
     if draft is None:
-        return _VERIFY(self, logits, draft, cache_len, select, drafter)
+        return _VERIFY(self, logits, draft, draft_ids, cache_len, select, drafter)
     size = draft.tree.size
     second = logits[:size].topk(2, dim=-1).indices[:, 1]
-    path = accepted_path(self.tree_tensors(draft.tree), draft.tokens.to(logits.device), second).tolist()
-    accepted = [a for a in path[1:] if a]
+    path = accepted_path(self.tree_tensors(draft.tree), draft.tokens.to(logits.device), second)
+    accepted = [a for a in path.tolist()[1:] if a]
     last = accepted[-1] if accepted else 0
     _one_rank_off.accepted += len(accepted)
-    return accepted, [int(draft.tokens[a - 1]) for a in accepted] + [int(logits[last].argmax())]
+    return accepted, [int(draft.tokens[a - 1]) for a in accepted] + [int(logits[last].argmax())], path
 
 
 @pytest.mark.parametrize("dtype", ["float32", *HALF])

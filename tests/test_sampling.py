@@ -101,6 +101,8 @@ def small_vocab_drafter(method: str, model, tmp_path):
         "lookahead": {"N": 3, "W": 2, "G": 2},
         "rest": {"num_draft": 4, "continuation_len": 3, "min_token_span": 1},
         "medusa": {"choices": [[0], [1], [0, 0]]},
+        "samd": {"k": 4, "tree": tree, "max_draft": 3, "len_threshold": 1},
+        "suffix": {"use_tree": True},
     }
     if method not in kwargs:
         raise AssertionError(f"method '{method}' is registered but this test does not know how to build it "

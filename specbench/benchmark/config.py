@@ -68,7 +68,8 @@ class RunConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "float32"  # float32 | float16 | bfloat16
+    # auto: float32 on the CPU, the model's published dtype on a GPU (models.run_dtype) | float32 | float16 | bfloat16
+    dtype: str = "auto"
     seed: int = 0
     # The target forward: off = transformers eager; on = compiled (static KV cache; CPU: inductor, our
     # packed products; CUDA: CUDA graphs per row bucket); auto = on for x86 CPUs, eager elsewhere

@@ -24,7 +24,7 @@ from specbench.benchmark import baselines, lossless, metrics
 from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.decoding.engine import Engine
 from specbench.decoding.forward_choice import ForwardChoice, choose_forward
-from specbench.inputs.models import eos_token_ids, load_model, resolve_device, resolve_dtype
+from specbench.inputs.models import eos_token_ids, load_model, resolve_device, resolve_dtype, run_dtype
 from specbench.drafter import Target
 from specbench.registry import drafter_class, build_drafter
 from specbench.decoding.sampling import PositionSampler
@@ -77,6 +77,8 @@ def identity(cfg: dict) -> dict:
         "limit": cfg["task"].get("limit"), "max_new_tokens": cfg["max_new_tokens"],
         "temperature": cfg["temperature"], "top_k": cfg["top_k"], "top_p": cfg["top_p"],
         "dtype": cfg["dtype"], "device": str(cfg["device"]),
+        # a GPU's answers and timings are its own: an A100's AR never pairs with an H100's method
+        **({"device_name": cfg.get("device_name")} if str(cfg["device"]).startswith("cuda") else {}),
         "seed": cfg["seed"],
         # answers from the compiled forward are kept apart from eager ones (older runs: eager, no key)
         **({"forward": cfg["forward"]} if cfg.get("forward", "eager") != "eager" else {}),
@@ -116,14 +118,16 @@ def longest_prompt_bound(tokenizer, questions: list[Question], template: str, ma
 
 def reserve_compiled_cache(engine: Engine, drafters: list, tokenizer, questions: list[Question],
                            template: str, max_new: int) -> None:
-    """Compile, before anything is timed, the one cache capacity every turn of the run fits in: spare
-    capacity costs the CPU-compiled forward nothing, and a new capacity met mid-run means minutes of
-    compiling (outside the clock, but inside the sweep's wall time)."""
-    if engine.compiled is None or engine.compiled.fixed or not questions:
+    """Compile (CUDA: record), before anything is timed, the one cache capacity every turn of the run
+    fits in. A new capacity met mid-run means minutes of compiling (outside the clock, but inside the
+    sweep's wall time) and, with CUDA graphs, a row bucket's graphs and buffers more per capacity: on
+    a long context or a large model, memory. Spare capacity costs the CPU-compiled forward nothing and
+    a CUDA graph a few masked columns."""
+    if engine.compiled is None or not questions:
         return
     longest = longest_prompt_bound(tokenizer, questions, template, max_new)
     for hidden in sorted({bool(d.needs_hidden_states) for d in drafters}):
-        engine.new_cache(longest, max_new, hidden)
+        engine.new_cache(longest, max_new, hidden, reserve=True)
 
 
 def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str, max_new: int,
@@ -305,6 +309,7 @@ def prepared_settings(cfg: dict) -> dict:
     torch.manual_seed(cfg["seed"])
     device = resolve_device(cfg["device"])
     cfg["device"] = str(device)
+    cfg["dtype"] = run_dtype(cfg["dtype"], device, cfg["model"])  # auto: by device and model (results name it)
     cfg["forward"] = choose_run_forward(cfg, device, resolve_dtype(cfg["dtype"]))
     cfg["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"

@@ -12,7 +12,7 @@ from specbench.decoding.forward_choice import planned_forward
 from specbench.environment import check_torch_version
 from specbench.errors import SettingsError
 from specbench.hardware.cost import load_curve_file
-from specbench.inputs.models import check_model_config, resolve_device, resolve_dtype
+from specbench.inputs.models import check_model_config, resolve_device, resolve_dtype, run_dtype
 from specbench.inputs.tasks import load_task
 from specbench.registry import drafter_class
 
@@ -35,7 +35,7 @@ def forward_name(cfg: dict, device) -> str:
     where this machine cannot build what the plan needs (forward_choice.choose_forward)."""
     try:
         return planned_forward(cfg["compile"], cfg["compile_products"], device,
-                               resolve_dtype(cfg["dtype"]))
+                               resolve_dtype(run_dtype(cfg["dtype"], device, cfg["model"])))
     except ValueError as e:
         raise SettingsError(str(e)) from None
 
@@ -66,12 +66,12 @@ def validate(cfg: dict) -> None:
         raise SettingsError(f"warmup_on must be one of {', '.join(WARMUP_ON)}, got '{cfg['warmup_on']}'")
     if cfg["baseline"] not in BASELINES:
         raise SettingsError(f"baseline must be interleave, reuse, shared or none, got '{cfg['baseline']}'")
-    resolve_dtype(cfg["dtype"])
-    resolve_device(cfg["device"])
-    check_cost_curve(cfg, forward_name(cfg, resolve_device(cfg["device"])))
+    device = resolve_device(cfg["device"])
+    dtype_name = run_dtype(cfg["dtype"], device, cfg["model"])
+    check_cost_curve(cfg, forward_name(cfg, device))
     check_model_config(cfg["model"])
     method.check_settings(method_params(cfg), {"model_name": cfg["model"]["name"], "device": cfg["device"],
-                                               "dtype_name": cfg["dtype"]})
+                                               "dtype_name": dtype_name})
     for key in ("per_subtask", "limit"):
         if cfg["task"].get(key) is not None:
             _number(cfg["task"][key], f"task.{key}", integer=True)

@@ -38,6 +38,7 @@ from specbench.decoding import packed_linear
 from specbench.decoding.forward_choice import planned_forward
 from specbench.decoding.kv_cache import cache_keyword
 from specbench.decoding.packed_linear import with_packed_linears
+from specbench.errors import SpecbenchError
 
 CUDA_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128)  # one CUDA graph each; wider drafts: multiples of 64
 
@@ -144,6 +145,7 @@ class CompiledForward:
         self.margin = margin_rows if margin_rows is not None else (256 if self.fixed else 128)
         self.round_to = 1024 if self.fixed else 512  # capacities, each with its own graphs
         self._caches: dict[int, list] = {}  # the layers of each capacity
+        self.reserved: int | None = None  # the capacity the run reserved (reserve=True), used by every turn that fits
         self.compile_seconds = time.perf_counter() - t0  # packing weights, then prepare(): compiling, recording
         self._prepared: set = set()
         self.graphs_prepared = 0
@@ -166,18 +168,25 @@ class CompiledForward:
                          use_cache=True, output_hidden_states=hidden)
         return out.logits, (out.hidden_states[-1] if hidden else None)
 
-    def cache_for(self, prompt_len: int, max_new: int) -> Cache:
+    def cache_for(self, prompt_len: int, max_new: int, reserve: bool = False) -> Cache:
         """The turn's cache, emptied: one set of buffers per capacity, kept for the process. A compiled
         graph keeps the very buffers it was compiled on (transformers marks them static; with frozen
         weights inductor binds them into the graph, and on CUDA a graph replays on their addresses),
         so a capacity must always come with the same buffers. The smallest kept capacity that fits is
         taken (with fixed shapes, only one with at most `round_to` to spare: every call attends over the
-        whole buffer, so a spare column costs time), else a new one."""
+        whole buffer, so a spare column costs time; or the reserved one), else a new one. `reserve`: this
+        turn's capacity is the run's reserved one (the runner asks for it with the longest prompt, so
+        that no turn makes a capacity, with its graphs and buffers, mid-run)."""
         need = prompt_len + max_new + self.margin
         # CPU: attention sees only the live rows, so spare capacity costs nothing and any kept one that
-        # fits will do (fewer capacities, fewer compiles); CUDA graphs attend over the whole buffer
-        fits = [c for c in self._caches if need <= c and (not self.fixed or c <= need + self.round_to)]
-        cache = self._cache_of(min(fits) if fits else int(math.ceil(need / self.round_to) * self.round_to))
+        # fits will do (fewer capacities, fewer compiles); CUDA graphs attend over the whole buffer,
+        # but a spare column costs less than a new capacity's graphs and memory
+        fits = [c for c in self._caches
+                if need <= c and (not self.fixed or c <= need + self.round_to or c == self.reserved)]
+        capacity = min(fits) if fits else int(math.ceil(need / self.round_to) * self.round_to)
+        if reserve:
+            self.reserved = capacity
+        cache = self._cache_of(capacity)
         for layer in cache.layers:
             layer.cumulative_length.zero_()
         return cache
@@ -292,9 +301,15 @@ class CompiledForward:
         try:
             # specialize_float: with dynamic shapes a Python float of the model (a scaling constant) is
             # traced as a symbol, found constant, and the whole trace restarts (a third of the compile time)
-            with _env("TRANSFORMERS_SDPA_FORCE_GQA", "1"), self._inductor_config(), \
-                    torch._dynamo.config.patch(specialize_float=True):
+            with _env("TRANSFORMERS_SDPA_FORCE_GQA", "1" if sdpa_gqa_with_mask(self.device) else None), \
+                    self._inductor_config(), \
+                    torch._dynamo.config.patch(specialize_float=True, fail_on_recompile_limit_hit=True):
                 logits, hs = self._compiled(ids, pos, mask, cache, hidden)
+        except torch._dynamo.exc.FailOnRecompileLimitHit as e:  # never a silent fall back to eager
+            raise RecompileLimitError(
+                f"the compiled forward met more shapes than its recompile limit "
+                f"({torch._dynamo.config.recompile_limit}) allows and would go on eager uncounted "
+                f"({e}); rerun with compile=off, or report the shapes (rows {r}, cache {cap})") from None
         finally:  # the eager prefill on these layers takes the whole buffer, as transformers' mask expects
             for layer in cache.layers:
                 layer.live = None
@@ -326,8 +341,24 @@ class CompiledForward:
                                       "max_autotune_gemm_backends": "CPP,ATEN"})
 
 
+class RecompileLimitError(SpecbenchError):
+    """A compiled forward that would silently turn eager: the run stops with one line instead."""
+
+
+def sdpa_gqa_with_mask(device) -> bool:
+    """Whether attention takes grouped-query heads inside SDPA (`enable_gqa`) with our tree mask,
+    instead of transformers' repeat_kv, which copies the whole cache per layer per step. On the CPU
+    that pays; on CUDA, SDPA's fast kernels take no GQA with a mask and it falls to the math kernel,
+    so transformers' own choice (repeat_kv there) stands."""
+    return torch.device(device).type == "cpu"
+
+
 @contextlib.contextmanager
-def _env(name: str, value: str):
+def _env(name: str, value: str | None):
+    """`name` set to `value` (None: left as it is) for the duration."""
+    if value is None:
+        yield
+        return
     old = os.environ.get(name)
     os.environ[name] = value
     try:

@@ -16,6 +16,7 @@ from transformers import DynamicCache
 
 from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
 from specbench.decoding.kv_cache import compact_kv_cache, with_cache
+from specbench.decoding.transfers import to_device
 from specbench.hardware.timing import now
 from specbench.decoding.tree import DraftTree, tree_attention_mask
 from specbench.decoding.verify import TreeTensors, accepted_path
@@ -71,13 +72,14 @@ class Engine:
         self.forward_time = 0.0
         self._trees: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def new_cache(self, prompt_len: int, max_new_tokens: int, hidden: bool = False):
+    def new_cache(self, prompt_len: int, max_new_tokens: int, hidden: bool = False, reserve: bool = False):
         """The KV cache for one turn: a DynamicCache, or the compiled forward's static cache with every
-        shape it can run already compiled (so no compiling happens while a turn is timed)."""
+        shape it can run already compiled (so no compiling happens while a turn is timed). `reserve`:
+        make this one the capacity every later turn that fits uses (CompiledForward.cache_for)."""
         if self.compiled is not None:
             try:
                 with torch.inference_mode():  # the buffers too: graphs are specialised on inference tensors
-                    cache = self.compiled.cache_for(prompt_len, max_new_tokens)
+                    cache = self.compiled.cache_for(prompt_len, max_new_tokens, reserve)
                     self.compiled.prepare(cache, hidden)
                 return cache
             except Exception as e:  # inductor, its compiler, our kernel: none may take the run down
@@ -115,25 +117,29 @@ class Engine:
     @torch.inference_mode()
     def forward_rows(self, cache, cache_len: int, draft: Draft | None, root: int, hidden: bool = False):
         """One verification forward over root + draft rows (+ extra rows). Returns logits, hidden."""
+        return self._forward(cache, cache_len, *self.step_inputs(cache_len, draft, root), hidden)
+
+    def step_inputs(self, cache_len: int, draft: Draft | None, root: int):
+        """(input ids, positions, mask) of a step's rows on the device: root, draft, extra rows. A
+        drafter's tokens stay where they are when on the device, else they are queued there once."""
         dev = self.device
         root_row = torch.full((1,), root, dtype=torch.long, device=dev)  # a fill, not a copy
-        mask = None
         if draft is None:
-            ids, pos = root_row, torch.full((1,), cache_len, dtype=torch.long, device=dev)
-        else:
-            tt = self.tree_tensors(draft.tree)
-            ids = torch.cat([root_row, draft.tokens.to(dev)])
-            depths, vis = tt.depths, tt.ancestors
-            if draft.n_extra:  # extra rows see what the drafter says; tree rows never see them
-                n, e = draft.tree.size, draft.n_extra
-                ids = torch.cat([ids, draft.extra_tokens.to(dev)])
-                depths = torch.cat([depths, draft.extra_depths.to(dev)])
-                vis = torch.zeros(n + e, n + e, dtype=torch.bool, device=dev)
-                vis[:n, :n] = tt.ancestors
-                vis[n:] = draft.extra_visibility.to(dev)
-            pos = cache_len + depths
-            mask = self._mask(vis, depths, cache_len)
-        t0 = now(dev) if self.profile else 0.0
+            return root_row, torch.full((1,), cache_len, dtype=torch.long, device=dev), None
+        tt = self.tree_tensors(draft.tree)
+        ids = torch.cat([root_row, to_device(draft.tokens, dev)])
+        depths, vis = tt.depths, tt.ancestors
+        if draft.n_extra:  # extra rows see what the drafter says; tree rows never see them
+            n, e = draft.tree.size, draft.n_extra
+            ids = torch.cat([ids, to_device(draft.extra_tokens, dev)])
+            depths = torch.cat([depths, to_device(draft.extra_depths, dev)])
+            vis = torch.zeros(n + e, n + e, dtype=torch.bool, device=dev)
+            vis[:n, :n] = tt.ancestors
+            vis[n:] = to_device(draft.extra_visibility, dev)
+        return ids, cache_len + depths, self._mask(vis, depths, cache_len)
+
+    def _forward(self, cache, cache_len: int, ids, pos, mask, hidden: bool):
+        t0 = now(self.device) if self.profile else 0.0
         if self.compiled is not None:
             logits, hs = self.compiled.rows(cache, cache_len, ids, pos, mask, hidden)
         else:
@@ -143,28 +149,30 @@ class Engine:
             )
             logits, hs = out.logits[0], (out.hidden_states[-1][0] if hidden else None)
         if self.profile:
-            self.forward_time += now(dev) - t0
+            self.forward_time += now(self.device) - t0
         return logits, hs
 
-    def _verify(self, logits: torch.Tensor, draft: Draft | None, cache_len: int,
-                select: Callable, drafter: Drafter) -> tuple[list[int], list[int]]:
-        """(accepted nodes in path order, emitted tokens = their tokens + the bonus). The only
-        device-to-host copy of a step: the path and its tokens, one small tensor."""
+    def _verify(self, logits: torch.Tensor, draft: Draft | None, draft_ids: torch.Tensor, cache_len: int,
+                select: Callable, drafter: Drafter) -> tuple[list[int], list[int], torch.Tensor | None]:
+        """(accepted nodes in path order, emitted tokens = their tokens + the bonus, the path on the
+        device). The only device-to-host copy of a step: the path and its tokens, one small tensor.
+        `draft_ids`: the forward's input rows on the device (root first)."""
         if draft is None:
-            targets = torch.as_tensor(select(logits[:1], torch.full((1,), cache_len, device=self.device)))
-            return [], [int(targets[0])]
+            targets = torch.as_tensor(select(logits[:1], torch.full((1,), cache_len)), device=self.device)
+            return [], [int(targets[0])], None
         tt = self.tree_tensors(draft.tree)
         size = draft.tree.size
-        targets = torch.as_tensor(select(logits[:size], cache_len + tt.depths), device=self.device)
+        # host positions: a sampler keys its noise by them without reading anything from the device
+        targets = torch.as_tensor(select(logits[:size], cache_len + draft.tree.depths), device=self.device)
         if not drafter.lossless:
             targets = drafter.override_targets(draft, logits[:size], targets)
-        path = accepted_path(tt, draft.tokens.to(self.device), targets)
+        path = accepted_path(tt, draft_ids[1:size], targets)
         # an accepted node's token is its parent's target, so the emitted tokens are the targets
         # along [root] + path
         host = torch.cat([path, targets[path]]).tolist()
         depth = len(path)
         accepted = [a for a in host[1:depth] if a]
-        return accepted, host[depth : depth + len(accepted) + 1]
+        return accepted, host[depth : depth + len(accepted) + 1], path
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int,
@@ -187,7 +195,7 @@ class Engine:
             input_ids=buf[:cur][None].to(dev), **with_cache(self.model, cache), use_cache=True,
             logits_to_keep=1, output_hidden_states=want_hidden or want_prompt,
         )
-        first = int(torch.as_tensor(select(out.logits[0, -1:], torch.full((1,), cur - 1, device=dev)))[0])
+        first = int(torch.as_tensor(select(out.logits[0, -1:], torch.full((1,), cur - 1)))[0])
         if want_prompt:  # the earlier rows' logits from their hidden states (post-norm), so the last
             # row, which chose the first token, stays exactly the one plain decoding computes
             head = self.model.get_output_embeddings()
@@ -209,11 +217,13 @@ class Engine:
             draft = drafter.propose(DecodeState(tokens=buf[:cur], prompt_len=len(prompt_ids), step=step))
             if draft is not None and len(draft.tree) == 0:
                 draft = None
-            logits, hidden = self.forward_rows(cache, cache_len, draft, root, want_hidden)
-            accepted, emitted = self._verify(logits, draft, cache_len, select, drafter)
+            ids, pos, mask = self.step_inputs(cache_len, draft, root)
+            logits, hidden = self._forward(cache, cache_len, ids, pos, mask, want_hidden)
+            accepted, emitted, path = self._verify(logits, draft, ids, cache_len, select, drafter)
             bonus = emitted[-1]
             if draft is not None or self.compiled is not None:  # a static cache holds the padded rows too
-                compact_kv_cache(cache, cache_len, [0] + accepted)
+                keep = [0] + accepted  # rows to keep, in order; on the device they are the path's head
+                compact_kv_cache(cache, cache_len, keep, None if path is None else path[: len(keep)])
             for i, tok in enumerate(emitted):  # stop at EOS or the budget, whichever comes first
                 if tok in self.eos or len(new) + i + 1 >= max_new_tokens:
                     emitted = emitted[: i + 1]

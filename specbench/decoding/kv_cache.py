@@ -7,6 +7,8 @@ import inspect
 
 import torch
 
+from specbench.decoding.transfers import to_device
+
 
 def with_cache(model, cache) -> dict:
     """`{keyword: cache}` for the model's forward: transformers 5.24 renamed `past_key_values` to
@@ -24,18 +26,19 @@ def _cache_keyword(model_type: type) -> str:
 
 
 @torch.inference_mode()  # the cache's tensors come from inference-mode forwards; written in place
-def compact_kv_cache(cache, cache_len: int, keep: list[int]) -> None:
+def compact_kv_cache(cache, cache_len: int, keep: list[int], keep_on_device: torch.Tensor | None = None) -> None:
     """Shrink every layer to the prefix plus the new rows `keep` (offsets from cache_len), in order.
 
     When the kept rows are already the first ones (a chain, or nothing accepted) this is a crop;
     otherwise the kept rows are gathered into place first. `keep` must be ascending (a tree path).
+    `keep_on_device`: the same offsets already on the cache's device (the engine's accepted path),
+    so that gathering needs no copy from the host.
     """
     m = len(keep)
     contiguous = keep == list(range(m))
     if cache.layers and hasattr(cache.layers[0], "cumulative_length"):
-        return _compact_static(cache, cache_len, keep, contiguous)
-    src = None if contiguous else torch.tensor(keep, dtype=torch.long)
-    index_on: dict = {}  # one host-to-device copy of the index per device, not one per layer
+        return _compact_static(cache, cache_len, keep, contiguous, keep_on_device)
+    index_on: dict = {}  # the gather index on each device the layers live on, made once
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
             continue
@@ -45,7 +48,7 @@ def compact_kv_cache(cache, cache_len: int, keep: list[int]) -> None:
         else:
             dev = layer.keys.device
             if dev not in index_on:
-                index_on[dev] = (src + cache_len).to(dev)
+                index_on[dev] = _gather_index(keep, keep_on_device, cache_len, dev)
             idx = index_on[dev]
             # Move the kept rows down in place (keep is ascending, so each row moves to a slot at or
             # before its own) and crop: the prefix is not copied. The layer owns its tensors (every
@@ -56,7 +59,15 @@ def compact_kv_cache(cache, cache_len: int, keep: list[int]) -> None:
             layer.values = layer.values[..., : cache_len + m, :]
 
 
-def _compact_static(cache, cache_len: int, keep: list[int], contiguous: bool) -> None:
+def _gather_index(keep: list[int], keep_on_device: torch.Tensor | None, cache_len: int, device) -> torch.Tensor:
+    """Absolute rows to keep, on `device`: from the device's own copy when there is one."""
+    if keep_on_device is not None and keep_on_device.device == torch.device(device):
+        return keep_on_device + cache_len
+    return to_device(keep, device, torch.long) + cache_len
+
+
+def _compact_static(cache, cache_len: int, keep: list[int], contiguous: bool,
+                    keep_on_device: torch.Tensor | None) -> None:
     """Static layers (the compiled forward): fixed buffers, written at `cumulative_length`. Move the kept
     rows down in place and set the length; stale rows past it stay, hidden by the mask until overwritten.
     Everything in place, so buffer addresses (which CUDA graphs replay on) never change."""
@@ -65,7 +76,7 @@ def _compact_static(cache, cache_len: int, keep: list[int], contiguous: bool) ->
     for layer in cache.layers:
         if not contiguous:
             if src is None:
-                src = (torch.tensor(keep, dtype=torch.long) + cache_len).to(layer.keys.device)
+                src = _gather_index(keep, keep_on_device, cache_len, layer.keys.device)
                 dst = torch.arange(cache_len, cache_len + m, device=layer.keys.device)
             # index_select copies first, so overlapping source and destination rows are safe
             layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))

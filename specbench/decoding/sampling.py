@@ -17,6 +17,8 @@ import hashlib
 
 import torch
 
+from specbench.decoding.transfers import to_device
+
 _M32 = 0xFFFFFFFF
 
 
@@ -91,8 +93,10 @@ class PositionSampler:
 
     def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """logits (rows, vocab), positions (rows,): one noise draw per distinct position. The
-        samples stay on the logits' device (the engine copies back only the accepted path)."""
+        samples stay on the logits' device (the engine copies back only the accepted path). Positions
+        on the host (the engine's) are grouped there, so nothing is read back from the device."""
         scores = filter_logits(logits, self.temperature, self.top_k, self.top_p)
-        uniq, inverse = torch.unique(positions.to(logits.device), return_inverse=True)
-        noise = gumbel_noise(self.key, uniq, scores.shape[-1])
-        return (scores + noise[inverse]).argmax(dim=-1)
+        uniq, inverse = torch.unique(positions, return_inverse=True)
+        dev = logits.device
+        noise = gumbel_noise(self.key, to_device(uniq, dev), scores.shape[-1])
+        return (scores + noise[to_device(inverse, dev)]).argmax(dim=-1)

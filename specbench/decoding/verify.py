@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from specbench.decoding.transfers import stacked_to_device
 from specbench.decoding.tree import DraftTree
 
 
@@ -33,21 +34,21 @@ def accept_path(tree: DraftTree, draft_tokens: list[int], targets: list[int]) ->
 
 
 class TreeTensors:
-    """A draft tree's index tensors on the model's device, made once per tree (drafters reuse trees)."""
+    """A draft tree's index tensors on the model's device, made once per tree (drafters reuse trees)
+    and brought there in one queued copy (REST and Lookahead make a new tree every step)."""
 
     def __init__(self, tree: DraftTree, device: torch.device | str):
         n = len(tree)
-        self.depths = tree.depths.to(device)
-        self.ancestors = tree.ancestor_mask.to(device)
         parents = torch.tensor(tree.parents, dtype=torch.long).reshape(n)
-        self.parents = parents.to(device)
         # earlier_sibling[i, j]: node j+1 is an earlier child of node i+1's parent (the verifier
         # follows the first matching sibling)
         earlier = (parents[:, None] == parents[None, :]) & torch.ones(n, n, dtype=torch.bool).tril(-1)
-        self.earlier_sibling = earlier.to(device)
         # at_depth[d, i]: node i sits at depth d; picks the accepted node of each depth
-        self.at_depth = (tree.depths[None, :] == torch.arange(tree.max_depth + 1)[:, None]).to(device)
-        self.node_ids = torch.arange(tree.size, device=device)
+        at_depth = tree.depths[None, :] == torch.arange(tree.max_depth + 1)[:, None]
+        node_ids = torch.arange(tree.size)
+        (self.depths, self.ancestors, self.parents, self.earlier_sibling, self.at_depth,
+         self.node_ids) = stacked_to_device([tree.depths, tree.ancestor_mask, parents, earlier, at_depth, node_ids],
+                                            device)
 
 
 def accepted_path(tt: TreeTensors, draft_tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -87,8 +87,36 @@ def resolve_device(device: str) -> torch.device:
 
 def resolve_dtype(dtype: str) -> torch.dtype:
     if dtype not in DTYPES:
-        raise SettingsError(f"unknown dtype '{dtype}'. Valid dtypes: {', '.join(DTYPES)} (dtype=...)")
+        raise SettingsError(f"unknown dtype '{dtype}'. Valid dtypes: auto, {', '.join(DTYPES)} (dtype=...)")
     return DTYPES[dtype]
+
+
+def run_dtype(setting: str, device, model_cfg: dict | None) -> str:
+    """The dtype a run uses, by name. `auto`: float32 on the CPU (the lossless reference, and what
+    CPUs without half-precision units run fastest); on a GPU the dtype the model's weights were
+    published in (Vicuna: float16; a 33B model in float32 fits no single GPU), float16 when its
+    config names none of ours or cannot be read before loading (GGUF files)."""
+    if setting != "auto":
+        resolve_dtype(setting)
+        return setting
+    if torch.device(device).type == "cpu":
+        return "float32"
+    own = _published_dtype(model_cfg or {})
+    return own if own in DTYPES else "float16"
+
+
+def _published_dtype(model_cfg: dict) -> str | None:
+    path = model_cfg.get("path")
+    if not path or model_cfg.get("gguf"):
+        return None
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return None
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
 
 
 def _sha256(path: Path) -> str:
@@ -195,6 +223,18 @@ def check_model_config(cfg) -> None:
                                    f"id (owner/name)")
 
 
+def _check_tokenizer_dependencies(name: str, path: str) -> None:
+    """A SentencePiece-only tokenizer (Vicuna v1.3, Llama-2: tokenizer.model, no tokenizer.json) needs
+    the sentencepiece package; without it transformers fails far from the cause."""
+    import importlib.util
+
+    local = Path(path)
+    if (local / "tokenizer.model").is_file() and not (local / "tokenizer.json").is_file() \
+            and importlib.util.find_spec("sentencepiece") is None:
+        raise ModelLoadError(f"model '{name}' has a SentencePiece tokenizer (tokenizer.model), which needs the "
+                             f"sentencepiece package: pip install -e \".[gpu]\" (or pip install sentencepiece protobuf)")
+
+
 def load_model(cfg, device: torch.device, dtype: torch.dtype):
     """cfg: the model config (name, path, gguf). Returns (model, tokenizer), model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -214,8 +254,11 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype):
         elif gguf and path:
             model, tok = _load_gguf(name, Path(path) / gguf["file"], dtype)
         else:
+            _check_tokenizer_dependencies(name, path)
             tok = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            # on a GPU the weights go straight there, never all of them through host memory first
+            placement = {"device_map": str(device)} if torch.device(device).type == "cuda" else {}
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **placement)
     except OSError as e:
         raise ModelLoadError(
             f"could not load the weights of model '{name}' from '{path}': {' '.join(str(e).split())}; "

@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 import torch
 
+from specbench.decoding.transfers import to_device
+from specbench.decoding.verify import TreeTensors
 from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
 from specbench.methods.medusa_heads import (MedusaHeadsError, check_heads_dir, load_choices, load_heads,
                                            resolve_heads_dir, tree_from_choices)
@@ -106,6 +108,12 @@ class Medusa(Drafter):
     def start_question(self) -> None:
         self._hidden = None
 
+    def _tree_tensors(self, tree, device) -> TreeTensors:
+        """The draft tree's index tensors on the device, made once (the tree is fixed)."""
+        if getattr(self, "_tt", None) is None or self._tt[0] is not tree:
+            self._tt = (tree, TreeTensors(tree, device))
+        return self._tt[1]
+
     def observe_prefill(self, last_hidden: torch.Tensor) -> None:
         self._hidden = last_hidden[-1:]
 
@@ -138,23 +146,25 @@ class Medusa(Drafter):
             return targets
         tree = draft.tree
         dev = logits.device
+        tt = self._tree_tensors(tree, dev)
         as_list = isinstance(targets, list)
         targets = torch.as_tensor(targets, device=dev).clone()
         logp = torch.log_softmax(logits[: tree.size].float() / self.typical_temperature, dim=-1)
         entropy = -(logp.exp() * logp).sum(-1)
-        threshold = torch.minimum(torch.full_like(entropy, self.posterior_threshold),
-                                  self.posterior_alpha * torch.exp(-entropy))
-        parents = torch.tensor(tree.parents, device=dev)
-        tokens = draft.tokens.to(dev)
-        node_logp = torch.cat([logp.new_zeros(1), logp[parents, tokens]])  # root first
-        plausible = torch.cat([torch.ones(1, dtype=torch.bool, device=dev),
-                               node_logp[1:].exp() > threshold[parents]])
-        ancestors = tree.ancestor_mask.to(dev)  # row i: i and its ancestors
-        path_ok = ~(ancestors & ~plausible[None, :]).any(dim=1)
-        path_logp = (ancestors.float() * node_logp[None, :]).sum(dim=1)
+        threshold = (self.posterior_alpha * torch.exp(-entropy)).clamp(max=self.posterior_threshold)
+        tokens = to_device(draft.tokens, dev)
+        node_logp = torch.cat([logp.new_zeros(1), logp[tt.parents, tokens]])  # root first
+        plausible = torch.cat([torch.ones_like(node_logp[:1], dtype=torch.bool),
+                               node_logp[1:].exp() > threshold[tt.parents]])
+        path_ok = ~(tt.ancestors & ~plausible[None, :]).any(dim=1)  # row i: i and its ancestors plausible
+        path_logp = (tt.ancestors.float() * node_logp[None, :]).sum(dim=1)
         # Deepest first, then likelihood: plausible paths have log p > -12 per node (threshold >=
         # alpha / vocab), so a depth step of 1e4 dominates any likelihood difference.
-        score = torch.where(path_ok, tree.depths.to(dev) * 1e4 + path_logp, torch.tensor(-float("inf"), device=dev))
-        on_path = ancestors[score.argmax()][1:]  # draft nodes on the chosen path (empty: the root only)
-        targets[parents[on_path]] = tokens[on_path]
+        score = (tt.depths * 1e4 + path_logp).masked_fill(~path_ok, -float("inf"))
+        on_path = tt.ancestors[score.argmax()][1:]  # draft nodes on the chosen path (none: the root only)
+        # each row whose child is on the path targets that child's token; other rows keep theirs.
+        # Written as a product with the parent table, not a mask index, so nothing is read back.
+        child_of = on_path[None, :] & (tt.parents[None, :] == tt.node_ids[:, None])  # (rows, nodes)
+        chosen = (child_of.long() * tokens[None, :]).sum(dim=1)
+        targets = torch.where(child_of.any(dim=1), chosen, targets)
         return targets.tolist() if as_list else targets

@@ -30,6 +30,7 @@ from specbench.errors import MissingFileError, SettingsError
 from specbench.hardware.goodput import (AcceptanceStats, RateTable, check_decay, choose_nodes, counterfactual_path,
                                path_probabilities, prior_probabilities, subtree_parents)
 from specbench.registry import register
+from specbench.decoding.transfers import HostCopy, to_device
 from specbench.decoding.tree import DraftTree
 from specbench.methods.tr_statistics import RecyclingStatistics
 
@@ -176,8 +177,8 @@ class TokenRecycling(Drafter):
     def observe_prompt(self, prompt: torch.Tensor, logits: torch.Tensor) -> None:
         """prefill_update: a row for every prompt token; a token seen twice keeps its last row."""
         last = {t: i for i, t in enumerate(prompt.tolist())}
-        at = torch.tensor(list(last.values()), dtype=torch.long, device=logits.device)
-        self._write(torch.tensor(list(last), dtype=torch.long, device=self.device), logits[at])
+        at = to_device(list(last.values()), logits.device, torch.long)
+        self._write(to_device(list(last), self.device, torch.long), logits[at])
 
     def _count(self, outcome: StepOutcome) -> None:
         """Per-node and matrix statistics, before the matrix learns from this step. With a chosen
@@ -201,16 +202,30 @@ class TokenRecycling(Drafter):
             tokens = torch.cat([root, draft.tokens.to(self.device)])
             self._write(tokens, outcome.logits[: tokens.numel()])
         else:
-            rows = torch.tensor([0, *outcome.accepted], dtype=torch.long, device=outcome.logits.device)
+            rows = to_device([0, *outcome.accepted], outcome.logits.device, torch.long)
             tokens = torch.cat([root, draft.tokens.to(self.device)])[rows.to(self.device)]
             self._write(tokens, outcome.logits[rows])
 
     def _write(self, tokens: torch.Tensor, logits: torch.Tensor):
-        """Rows `tokens` of the matrix <- the top-k of `logits` (one row each); returns the top-k."""
+        """Rows `tokens` of the matrix <- the top-k of `logits` (one row each); a token on several
+        rows gets its last row's. Returns (the top-k, each row's last row of its token)."""
         top = logits.topk(self.k, dim=-1)
-        self.matrix[tokens] = top.indices.to(device=self.device, dtype=torch.int32)
+        last = last_occurrence(tokens, self.matrix.shape[0])
+        self.matrix[tokens] = top.indices[last].to(device=self.device, dtype=torch.int32)
         self.written[tokens] = True
-        return top
+        return top, last
+
+
+def last_occurrence(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """For each position i, the last position holding the token tokens[i].
+
+    A write `matrix[tokens] = rows` with a token on several rows leaves which row wins to the device:
+    the CPU keeps the last, CUDA's index_put_ any of them (a row can even mix two). Gathering every
+    duplicate's value from the same last row first makes all writes of a token carry one value, so
+    their order no longer matters. Found with scatter_reduce's amax, deterministic on every device."""
+    order = torch.arange(tokens.numel(), device=tokens.device)
+    last = torch.full((vocab_size,), -1, dtype=torch.long, device=tokens.device)
+    return last.scatter_reduce(0, tokens, order, reduce="amax")[tokens]
 
 
 @dataclass
@@ -334,7 +349,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
         if not self.context_buckets or self._last is None:
             return 0
         root_at, host = self._last
-        tokens = host.tolist()
+        tokens = host.tolist()  # the previous step's copy: the engine has synchronised since
         node, hit = 0, False
         for tok in seq[root_at + 1 :].tolist():  # the previous step's emitted tokens, root last
             kids = self.tree.children[node]
@@ -392,7 +407,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
             if len(self._subtrees) > 256:
                 self._subtrees.clear()
             hit = self._subtrees[nodes] = (DraftTree(subtree_parents(nodes, self.tree.parents)),
-                                           torch.tensor(nodes, dtype=torch.long, device=self.device))
+                                           to_device(nodes, self.device, torch.long))
         return hit
 
     def _prepare(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None, int]:
@@ -405,9 +420,9 @@ class AdaptiveTokenRecycling(TokenRecycling):
         self._learn(seq)
         bucket = self._bucket(seq)
         tokens, conf = self._expand_with_confidence(int(seq[-1]))
-        # Host copies are read steps later, after the engine has synchronised, so they can be async
-        # (confidences are read now: on an accelerator that is the sync the docstring mentions).
-        host = tokens.to("cpu", non_blocking=True)
+        # The template's tokens are read steps later, when the copy has long arrived: started now,
+        # waited on then (confidences are read now: on an accelerator the sync the docstring mentions).
+        host = HostCopy(tokens)
         host_conf = None if conf is None else conf.to("cpu")
         self._pending.append((seq.numel() - 1, host, host_conf, bucket))
         self._last = (seq.numel() - 1, host)
@@ -425,8 +440,8 @@ class AdaptiveTokenRecycling(TokenRecycling):
         return Draft(tokens=tokens[index], tree=tree)
 
     def _write(self, tokens: torch.Tensor, logits: torch.Tensor):
-        top = super()._write(tokens, logits)
+        top, last = super()._write(tokens, logits)
         if self.confidence:  # the model's probability of each recycled candidate, kept beside it
-            logits = logits.float()
-            self.probs[tokens] = (top.values.float() - logits.logsumexp(dim=-1, keepdim=True)).exp()
-        return top
+            logp = top.values.float() - logits.float().logsumexp(dim=-1, keepdim=True)
+            self.probs[tokens] = logp[last].exp()
+        return top, last

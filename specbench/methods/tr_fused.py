@@ -29,6 +29,7 @@ from collections import deque
 
 import torch
 
+from specbench.decoding.transfers import to_device
 from specbench.decoding.tree import DraftTree
 from specbench.drafter import TARGET_FACTS, DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
@@ -145,6 +146,8 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
             for d in range(1, len(chain) + 1):
                 prob *= rates[self._chain_cell(cls, d)]
                 chain_p.append(prob)
+            # the template's tokens on the host: waits for the copy _prepare started (on an
+            # accelerator the step's second synchronisation, and only on steps with a match)
             shared, covered = merge_chain(self.tree.children, self._last[1].tolist(), chain)
             for v, pv in zip(shared, chain_p):
                 p[v - 1] = max(p[v - 1], pv)
@@ -169,9 +172,11 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
             if len(self._subtrees_fused) > 1024:
                 self._subtrees_fused.clear()
             tree = self._subtrees_fused[sub] = DraftTree(sub)
+        # the chain's new tokens and the chosen nodes' indices reach the device in one queued copy
+        sent = to_device([*extra, *nodes], self.device, torch.long)
         if extra:
-            tokens = torch.cat([tokens, torch.tensor(extra, dtype=torch.long).to(self.device)])
-        return Draft(tokens=tokens[torch.tensor(nodes, dtype=torch.long, device=self.device)], tree=tree)
+            tokens = torch.cat([tokens, sent[: len(extra)]])
+        return Draft(tokens=tokens[sent[len(extra):]], tree=tree)
 
     # -- statistics ------------------------------------------------------------------------------
     def _count(self, outcome: StepOutcome) -> None:
