@@ -1,0 +1,241 @@
+"""Suffix Decoding's suffix trees (arXiv 2411.04975), kept implicit, and the drafts they give.
+
+Suffix Decoding drafts from a suffix tree over earlier text, limited to strings of at most
+`max_depth` tokens. The node of a string s counts its occurrences, and s continues with t with
+probability count(s t) / count(s). An occurrence at the very end of a text counts for s but
+continues nowhere, so the current request's own context lowers, never raises, its probabilities.
+Each step matches the context's last m tokens for m = 1 .. max_depth - 1 and, from every match,
+drafts the likeliest continuation: a path along the most frequent child, or (`use_tree`) a tree
+grown best-first by probability. A draft holds at most `factor` x m + `offset` tokens (longer
+matches earn longer drafts), never reaches below depth max_depth (match and draft share the
+tree's depth) and stops at tokens whose probability falls below `min_prob`. The draft with the
+largest score, the sum of its tokens' probabilities, wins; longer matches win ties.
+
+The tree is implicit here: a node is the array of positions where its string ends in the text,
+its count that array's length, its children one lookup of the tokens after those positions.
+Appending a token costs nothing and memory is the text itself, where an explicit tree holds up to
+max_depth nodes per token (arctic-inference compresses them in C++). Counts, probabilities and
+drafts are arctic-inference's (the engine behind vLLM's `method: suffix`), except between children
+of equal count (here the continuation seen first wins, there its sibling-list order decides) and
+where a probability lands exactly on min_prob (float64 here, float32 there).
+
+`SuffixTrees` holds the two trees of the method: the current request's prompt and output, and the
+answered turns of earlier requests (the global tree, first in first out).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SEP = -1  # after every sequence of a text: no token equals it, so no match or draft crosses it
+
+
+@dataclass
+class Speculation:
+    """A draft: tokens, each one's parent as an index into `tokens` (-1: the root, the context's last
+    token), each one's estimated probability, and the match length it came from."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    match_len: int = 0
+
+    @property
+    def score(self) -> float:
+        """Expected number of accepted tokens, if the estimates were right."""
+        return float(sum(self.probs))
+
+
+def text_of(sequences) -> np.ndarray:
+    """Sequences end to end, each followed by SEP: the text a tree indexes."""
+    parts = []
+    for seq in sequences:
+        parts += [np.asarray(seq, dtype=np.int64), np.array([SEP])]
+    return np.concatenate(parts) if parts else np.array([SEP])
+
+
+def match_ends(text: np.ndarray, context: np.ndarray, max_len: int):
+    """Yield (m, end positions of the context's last m tokens in `text`) for m = 1, 2, .. max_len,
+    while there are any. Each set filters the last: one comparison over the text, then over hits."""
+    if max_len < 1 or len(context) < 1:
+        return
+    ends = np.flatnonzero(text == context[-1])
+    for m in range(1, max_len + 1):
+        if ends.size == 0:
+            return
+        yield m, ends
+        if m == max_len or m == len(context):
+            return
+        ends = ends[ends >= m]
+        ends = ends[text[ends - m] == context[-1 - m]]
+
+
+SMALL = 64  # up to this many occurrences a Python count beats numpy's fixed costs
+
+
+def children(text: np.ndarray, ends: np.ndarray, min_count: int = 1,
+             best_only: bool = False) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The children of the node whose string ends at `ends` (ascending): (the token after each end,
+    [(token, count)] for counts of at least `min_count`, or only the largest with `best_only`), most
+    frequent first, ties to the one seen first."""
+    after = text[ends + 1]
+    if ends.size <= SMALL:
+        counts: dict[int, int] = {}
+        for tok in after.tolist():
+            if tok != SEP:
+                counts[tok] = counts.get(tok, 0) + 1
+        kids = list(counts.items())  # in the order first seen
+    else:  # a frequent string (a short match in a long text): count by token id, not by sorting
+        counts = np.bincount(after[after != SEP])
+        if counts.size == 0:
+            return after, []
+        keep = np.flatnonzero(counts >= (counts.max() if best_only else min_count))
+        tokens, first = np.unique(after[np.isin(after, keep)], return_index=True)
+        kids = [(int(t), int(counts[t])) for t in tokens[np.argsort(first)]]
+    if best_only and kids:
+        top = max(c for _, c in kids)
+        kids = [kc for kc in kids if kc[1] == top]
+    kids = [kc for kc in kids if kc[1] >= min_count]
+    kids.sort(key=lambda kc: -kc[1])  # stable: equal counts keep the order first seen
+    return after, kids
+
+
+def follow_path(text: np.ndarray, ends: np.ndarray, limit: int, min_prob: float) -> Speculation:
+    """The most frequent child, then its most frequent child, ..: at most `limit` tokens, each with
+    probability at least `min_prob`."""
+    spec, prob = Speculation(), 1.0
+    while len(spec.tokens) < limit:
+        if ends.size == 1:  # one occurrence left: the text after it, every step certain
+            start = int(ends[0]) + 1
+            rest = text[start : start + limit - len(spec.tokens)]
+            stop = np.flatnonzero(rest == SEP)
+            rest = rest[: stop[0]] if stop.size else rest
+            for tok in rest.tolist():
+                spec.parents.append(len(spec.tokens) - 1)
+                spec.tokens.append(tok)
+                spec.probs.append(prob)
+            break
+        after, kids = children(text, ends, best_only=True)
+        if not kids:
+            break
+        tok, count = kids[0]
+        prob *= count / ends.size
+        if prob < min_prob:
+            break
+        spec.parents.append(len(spec.tokens) - 1)
+        spec.tokens.append(tok)
+        spec.probs.append(prob)
+        ends = ends[after == tok] + 1
+    return spec
+
+
+def grow_tree(text: np.ndarray, ends: np.ndarray, limit: int, min_prob: float, max_depth: int) -> Speculation:
+    """The `limit` likeliest continuations as a tree: best first by probability (a child is never
+    likelier than its parent, so every node's parent is drafted before it), none below `min_prob`
+    or deeper than `max_depth` tokens. Equal probabilities: first found, first drafted."""
+    spec = Speculation()
+    heap: list = []
+    pushed = 0
+
+    def push_children(node_ends: np.ndarray, prob: float, parent: int, depth: int) -> None:
+        nonlocal pushed
+        if depth >= max_depth:
+            return
+        # a lenient bound on the count that keeps min_prob (the exact test is below)
+        after, kids = children(text, node_ends, max(1, int(min_prob * node_ends.size / prob * (1 - 1e-9))))
+        for tok, count in kids:
+            p = prob * count / node_ends.size
+            if p < min_prob:
+                break  # counts descend: the rest are less likely still
+            heapq.heappush(heap, (-p, pushed, tok, node_ends[after == tok] + 1, parent, depth + 1))
+            pushed += 1
+
+    push_children(ends, 1.0, -1, 0)
+    while heap and len(spec.tokens) < limit:
+        neg_p, _, tok, node_ends, parent, depth = heapq.heappop(heap)
+        spec.tokens.append(tok)
+        spec.parents.append(parent)
+        spec.probs.append(-neg_p)
+        push_children(node_ends, -neg_p, len(spec.tokens) - 1, depth)
+    return spec
+
+
+def speculate(text: np.ndarray, context: np.ndarray, *, max_depth: int, max_tokens: int, factor: float,
+              offset: float, min_prob: float, use_tree: bool) -> Speculation:
+    """The best-scoring draft over every match length of the context's tail (module docstring)."""
+    context = np.asarray(context)[-max_depth:]
+    best = Speculation()
+    path, path_count = Speculation(), 0  # the last path, drafted as far as the tree allows
+    for m, ends in match_ends(text, context, len(context) - 1):
+        limit = max(0, min(max_tokens, int(m * factor + offset + 1e-6)))
+        room = max_depth - m  # the match takes m of the tree's depth
+        if use_tree:
+            spec = grow_tree(text, ends, limit, min_prob, room)
+        else:
+            # a longer match with as many occurrences has the same ones, hence the same path
+            if ends.size != path_count:
+                path, path_count = follow_path(text, ends, room, min_prob), ends.size
+            k = min(limit, room)
+            spec = Speculation(path.tokens[:k], path.parents[:k], path.probs[:k])
+        if spec.score >= best.score:
+            spec.match_len = m
+            best = spec
+    return best
+
+
+class SuffixTrees:
+    """The current turn's tree (its prompt and output so far) and the global tree of answered turns.
+
+    A turn reserves its place in the global tree when it starts, as a vLLM request does, so the
+    global tree holds at most `max_cached - 1` earlier answers while a turn runs; the turn's own
+    answer enters it only when `end_turn` is called, after the turn is answered."""
+
+    def __init__(self, max_depth: int, max_cached: int, max_tokens: int, factor: float, offset: float,
+                 min_prob: float, use_tree: bool):
+        self.max_cached = max_cached
+        self.args = dict(max_depth=max_depth, max_tokens=max_tokens, factor=factor, offset=offset,
+                         min_prob=min_prob, use_tree=use_tree)
+        self.answers: deque = deque()  # answered turns, oldest first
+        self._global_text = text_of([])
+        # the turn's prompt and output, then SEP: a buffer that doubles when full, so a step's
+        # tokens are written in place and the text is a view
+        self._turn = np.full(1, SEP, dtype=np.int64)
+        self._turn_len = 0
+
+    def start_turn(self, prompt) -> None:
+        self._turn_len = 0
+        self._turn[:] = SEP
+        self.extend(prompt)
+        while self.max_cached and len(self.answers) > self.max_cached - 1:
+            self.answers.popleft()
+            self._global_text = text_of(self.answers)
+
+    def extend(self, tokens) -> None:
+        tokens = np.asarray(tokens, dtype=np.int64)
+        end = self._turn_len + tokens.size
+        if end + 1 > self._turn.size:
+            grown = np.full(max(2 * self._turn.size, end + 1), SEP, dtype=np.int64)
+            grown[: self._turn_len] = self._turn[: self._turn_len]
+            self._turn = grown
+        self._turn[self._turn_len : end] = tokens
+        self._turn_len = end
+
+    def end_turn(self, response) -> None:
+        if self.max_cached:
+            self.answers.append(np.array(response, dtype=np.int64))
+            self._global_text = text_of(self.answers)
+        self._turn_len = 0
+        self._turn[:] = SEP
+
+    def speculate(self, context) -> tuple[Speculation, str]:
+        """The better of the two trees' drafts and where it came from ("request" or "global"); the
+        request's own wins ties."""
+        own = speculate(self._turn[: self._turn_len + 1], context, **self.args)
+        if not self.answers:
+            return own, "request"
+        past = speculate(self._global_text, context, **self.args)
+        return (own, "request") if own.score >= past.score else (past, "global")
