@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specbench.decoding.engine import Engine
@@ -97,6 +98,16 @@ def test_the_audit_sees_what_a_gpu_would_wait_for():
     assert len(audit.early_reads()) == 1
 
 
+class OpCounter(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.count = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count[getattr(func, "__name__", str(func))] += 1
+        return func(*args, **(kwargs or {}))
+
+
 class ReversedDuplicateWrites(TorchDispatchMode):
     """CUDA's `index_put_` leaves the order of duplicate indices undefined; this applies them in reverse,
     so code relying on "the last write wins" gets the first."""
@@ -157,6 +168,31 @@ def test_the_runner_reserves_a_capacity_for_fixed_shapes_too(tiny_llama, real_mo
     questions = [Question(question_id=1, category="qa", turns=["word " * 1500])]
     reserve_compiled_cache(engine, [Autoregressive], real_model[1], questions, "auto", 64)
     assert engine.compiled.reserved is not None and engine.compiled.reserved >= 1500
+
+
+def test_a_fixed_shape_cache_compacts_every_layer_in_one_operation(tiny_llama):
+    """CUDA's static cache: the layers' buffers are views of one stacked tensor each, and compaction
+    moves the kept rows of all of them at once, exactly as layer by layer would."""
+    from specbench.decoding.compiled import CompiledForward
+    from specbench.decoding.kv_cache import compact_kv_cache
+
+    forward = CompiledForward(tiny_llama, Engine(tiny_llama, eos_token_ids=[])._mask, fixed_shapes=True)
+    cache = forward.cache_for(8, 8)
+    g = torch.Generator().manual_seed(0)
+    for layer in cache.layers:
+        layer.keys.copy_(torch.randn(layer.keys.shape, generator=g))
+        layer.values.copy_(torch.randn(layer.values.shape, generator=g))
+        layer.cumulative_length.fill_(20)
+    want = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    keep = [0, 2, 5, 6]
+    with OpCounter() as ops:
+        compact_kv_cache(cache, 12, keep)
+    assert ops.count["index_select"] == ops.count["index_copy_"] == 2  # keys and values, all layers'
+    assert ops.count["fill_"] == 1
+    for layer, (k, v) in zip(cache.layers, want):
+        assert torch.equal(layer.keys[..., 12:16, :], k[..., [12 + r for r in keep], :])
+        assert torch.equal(layer.values[..., :12, :], v[..., :12, :]) and int(layer.cumulative_length) == 16
+    assert len({id(layer.stacked) for layer in cache.layers}) == 1
 
 
 def test_grouped_query_attention_inside_sdpa_only_where_it_is_fast():

@@ -96,6 +96,27 @@ def static_cache(n_layers: int, capacity: int) -> Cache:
     return Cache(layers=[LiveStaticLayer(max_cache_len=capacity) for _ in range(n_layers)])
 
 
+class StackedBuffers:
+    """Every layer's keys, values and length as views of three tensors (layers first), so that a step's
+    compaction is one gather and one scatter for the whole cache (kv_cache._compact_static): on CUDA,
+    4 kernel launches instead of 5 per layer."""
+
+    def __init__(self, layers: list):
+        self.keys = torch.stack([layer.keys for layer in layers])
+        self.values = torch.stack([layer.values for layer in layers])
+        self.lengths = torch.stack([layer.cumulative_length for layer in layers])
+
+
+def stack_layers(layers: list) -> None:
+    """Rebind each static layer's buffers to views of one `StackedBuffers` (kept on every layer)."""
+    stacked = StackedBuffers(layers)
+    for i, layer in enumerate(layers):
+        layer.keys, layer.values, layer.cumulative_length = stacked.keys[i], stacked.values[i], stacked.lengths[i]
+        for t in (layer.keys, layer.values, layer.cumulative_length):
+            torch._dynamo.mark_static_address(t)  # a CUDA graph replays on these addresses
+        layer.stacked = stacked
+
+
 def model_identity_guards(entries) -> list[bool]:
     """Dynamo's guard filter: of the guards on the model's modules (a few thousand type and dict checks,
     a cost paid on every call) keep only the identity of its parameters and buffers. The weights
@@ -202,6 +223,8 @@ class CompiledForward:
                     for buf in (layer.keys, layer.values):
                         for d in range(buf.dim()):
                             torch._dynamo.mark_static(buf, d)
+            else:  # CUDA's way: compaction moves every layer's rows in one operation, not 5 per layer
+                stack_layers(cache.layers)
             self._caches[capacity] = cache.layers
         return Cache(layers=list(self._caches[capacity]))
 

@@ -72,6 +72,15 @@ def _compact_static(cache, cache_len: int, keep: list[int], contiguous: bool,
     rows down in place and set the length; stale rows past it stay, hidden by the mask until overwritten.
     Everything in place, so buffer addresses (which CUDA graphs replay on) never change."""
     m = len(keep)
+    stacked = getattr(cache.layers[0], "stacked", None)
+    if stacked is not None and all(getattr(layer, "stacked", None) is stacked for layer in cache.layers):
+        if not contiguous:  # every layer at once (compiled.StackedBuffers), dim 3 = rows
+            src = _gather_index(keep, keep_on_device, cache_len, stacked.keys.device)
+            dst = torch.arange(cache_len, cache_len + m, device=stacked.keys.device)
+            for buf in (stacked.keys, stacked.values):
+                buf.index_copy_(3, dst, buf.index_select(3, src))
+        stacked.lengths.fill_(cache_len + m)
+        return
     dst = src = None
     for layer in cache.layers:
         if not contiguous:
