@@ -110,3 +110,13 @@ def test_a_verifier_one_rank_off_is_caught_in_every_dtype(dtype, real_model, mon
     assert _one_rank_off.accepted > 0  # the bug happened
     c = lossless.check_tokens(model, _record(prompt, out), dtype)
     assert c["tokens_outside_band"] > 0, c
+
+
+def test_the_verdict_line_counts_valid_exact_and_numeric_questions():
+    checks = [{"status": "exact", "tokens": {"tokens_checked": 10, "tokens_outside_band": 0}}] * 7 + \
+             [{"status": "numeric_tie", "tokens": {"tokens_checked": 10, "tokens_outside_band": 0}}] * 5
+    assert lossless.verdict_line(lossless.tally(checks)) == \
+        "12/12 valid, 7 exact vs AR, 5 numeric; 120 tokens checked, 0 outside the band"
+    checks[0] = {"status": "exact", "tokens": {"tokens_checked": 10, "tokens_outside_band": 2}}
+    checks[1] = {"status": "mismatch", "tokens": {"tokens_checked": 10, "tokens_outside_band": 0}}
+    assert lossless.verdict_line(lossless.tally(checks)).startswith("10/12 valid, 6 exact vs AR, 5 numeric, 1 BUG(S)")

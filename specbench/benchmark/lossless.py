@@ -173,4 +173,19 @@ def tally(checks: list[dict]) -> dict:
     }
     for key in ("tokens_checked", "tokens_equal", "tokens_numeric", "tokens_outside_band"):
         out[key] = sum(c.get("tokens", {}).get(key, 0) for c in checks)
+    out["questions_outside_band"] = sum(bool(c.get("tokens", {}).get("tokens_outside_band")) for c in checks)
     return out
+
+
+def verdict_line(lo: dict) -> str:
+    """A run's lossless verdict in one line: `6/6 valid, 5 exact vs AR, 1 numeric; 425 tokens checked,
+    0 outside the band`. Valid: no token outside the band and no divergence the referee calls a bug."""
+    bugs, checked = lo.get("mismatches", 0), lo.get("checked", 0)
+    bad = bugs + lo.get("questions_outside_band", int(bool(lo.get("tokens_outside_band"))))
+    line = (f"{checked - min(bad, checked)}/{checked} valid, {lo.get('exact', 0)} exact vs AR, "
+            f"{lo.get('numeric_ties', 0)} numeric")
+    if bugs:
+        line += f", {bugs} BUG(S)"
+    if lo.get("tokens_checked"):
+        line += f"; {lo['tokens_checked']} tokens checked, {lo['tokens_outside_band']} outside the band"
+    return line

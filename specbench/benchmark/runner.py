@@ -230,9 +230,7 @@ def format_table(summary: dict) -> str:
            f"{sp['overall']:.2f}x" if sp.get("overall") else "-", f"{dec:.2f}x" if dec else "-",
            f"{bound:.2f}x" if bound else "-", f"{summary['mat']:.2f}",
            f"{summary['tokens_per_s']:.1f}",
-           (f"{lo['exact']}/{lo['checked']} exact, {lo['numeric_ties']} ties, {lo['mismatches']} mismatches; "
-            f"{lo.get('tokens_checked', 0)} tokens checked, {lo.get('tokens_outside_band', 0)} outside the band"
-            if summary.get("lossless_method", True) else
+           (lossless.verdict_line(lo) if summary.get("lossless_method", True) else
             f"lossy by design: {lo['exact']}/{lo['checked']} equal to AR")]
     rows = [head, row]
     if summary["baseline_tokens_per_s"]:

@@ -120,7 +120,7 @@ RESULTS_CSV_FIELDS = ["path", *tables.TABLE_KEYS, "device_name", "method", "meth
                       "decode_tokens_per_s", "decode_speedup", "baseline_tokens_per_s",
                       "lossless_checked", "lossless_exact", "lossless_numeric_ties", "lossless_mismatches",
                       "lossless_lossy_differences", "lossless_tokens_checked", "lossless_tokens_equal",
-                      "lossless_tokens_numeric", "lossless_tokens_outside_band",
+                      "lossless_tokens_numeric", "lossless_tokens_outside_band", "lossless_questions_outside_band",
                       "speedup_bound", "finished"]
 
 

@@ -19,6 +19,7 @@ import re
 from statistics import mean, stdev
 
 from specbench.benchmark import metrics
+from specbench.benchmark.lossless import verdict_line
 from specbench.inputs.tasks import SUBTASKS
 
 # (key, header) in Spec-Bench's leaderboard order; subtask columns are speedups over AR.
@@ -271,12 +272,9 @@ def _footnote(table: dict) -> str:
     if any((r.get("n") or 1) > 1 for r in ours):
         parts.append("ours: mean ± sample std over repeated runs (" + ", ".join(
             f"{r['label']} n={r['n']}" for r in ours) + ")")
-    lo = [f"{r['label']} {r['lossless']['exact']}/{r['lossless']['checked']} exact"
-          + (f", {r['lossless']['mismatches']} MISMATCHES" if r["lossless"].get("mismatches") else "")
-          + (f", {r['lossless']['tokens_outside_band']} TOKENS OUTSIDE THE BAND"
-             if r["lossless"].get("tokens_outside_band") else "")
-          + (f", {r['lossless']['lossy_differences']} differ (lossy by design)"
-             if r["lossless"].get("lossy_differences") else "")
+    lo = [f"{r['label']} " + (verdict_line(r["lossless"]) if not r["lossless"].get("lossy_differences") else
+                               f"{r['lossless']['exact']}/{r['lossless']['checked']} exact, "
+                               f"{r['lossless']['lossy_differences']} differ (lossy by design)")
           for r in ours if r.get("lossless") and r["lossless"].get("checked") and r["method"] != "ar"]
     if lo:
         parts.append("lossless check: " + "; ".join(lo))
@@ -389,8 +387,7 @@ def ablation_markdown(tables_: list[dict]) -> str:
                 cells.append("-" if v is None else (f"{v:.1f}" + (f" ± {sd:.1f}" if sd else "")
                                                     if fmt_key == "rows_per_step" else format_value(fmt_key, v, sd)))
             lo = r.get("lossless") or {}
-            cells.append(f"{lo.get('exact', 0)}/{lo.get('checked', 0)} exact"
-                         + (f", {lo['mismatches']} MISMATCHES" if lo.get("mismatches") else "") if lo.get("checked") else "-")
+            cells.append(verdict_line(lo).split(";")[0] if lo.get("checked") else "-")
             lines.append("| " + " | ".join(cells) + " |")
         n = max((r.get("n") or 1) for r in t["rows"])
         lines += ["", "Speedup over AR interleaved; bound = MAT x t(1) / t(rows) on the run's cost curve"
