@@ -3,7 +3,8 @@
     python scripts/plot.py results/ [--out results/plots] [--formats png,pdf]
 
 Per setting (model / task / temperature / ...): speedup per subtask per method (grouped bars),
-MAT per method, distribution of accepted lengths per method, tokens/s over the run; per setting
+MAT per method, distribution of accepted lengths per method, acceptance by draft depth per method
+(where the answers record step_drafted), tokens/s over the run; per setting
 without temperature: overall speedup against temperature. Files: <plot>__<setting>.{png,pdf}.
 """
 

@@ -78,6 +78,26 @@ def test_tr_equals_ar_on_random_model(model_name, request):
     assert max(out.accept_lengths) > 1
 
 
+def test_steps_record_drafted_nodes_and_times(tiny_llama):
+    from specbench.methods.lookahead import Lookahead
+
+    engine = Engine(tiny_llama, eos_token_ids=[])
+    prompt = list(range(3, 20))
+    for drafter in (Autoregressive(), TokenRecycling(vocab_size=97), Lookahead(vocab_size=97)):
+        out = engine.generate(prompt, drafter, 20)
+        assert len(out.step_drafted) == len(out.step_times) == out.decoding_steps > 0
+        assert all(t > 0 for t in out.step_times)
+        # steps run back to back from the prefill's end: together they are the decoding time
+        assert sum(out.step_times) == pytest.approx(out.wall_time - out.prefill_time, rel=0.05)
+        extra = [rows - 1 - n for rows, n in zip(out.step_rows, out.step_drafted)]
+        if isinstance(drafter, Autoregressive):
+            assert set(out.step_drafted) == {0}
+        elif isinstance(drafter, TokenRecycling):
+            assert set(out.step_drafted) == {80} and set(extra) == {0}  # the published tree, every step
+        else:  # Lookahead's window rows are verified but never drafts
+            assert max(extra) > 0
+
+
 def test_ar_matches_transformers_generate_on_tiny_gemma(tiny_gemma):
     engine = Engine(tiny_gemma, eos_token_ids=[])
     prompt = list(range(3, 15))

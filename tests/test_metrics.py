@@ -29,3 +29,95 @@ def test_multi_turn_question_speed_sums_turns():
         {"new_tokens": 10, "wall_time": 1.0, "prefill_time": 0.1, "accept_lengths": [1]},
         {"new_tokens": 30, "wall_time": 3.0, "prefill_time": 0.1, "accept_lengths": [1]}]}
     assert metrics.question_speed(r) == pytest.approx(40 / 4.0)
+
+
+def turn(accept, drafted=None, times=None, tokens=None, wall=1.0, prefill=0.1):
+    t = {"new_tokens": tokens if tokens is not None else 1 + sum(accept), "wall_time": wall,
+         "prefill_time": prefill, "accept_lengths": accept}
+    if drafted is not None:
+        t["step_drafted"] = drafted
+    if times is not None:
+        t["step_times"] = times
+    return t
+
+
+def q(qid, *turns, subtask="qa"):
+    return {"question_id": qid, "subtask": subtask, "turns": list(turns)}
+
+
+def test_accept_length_histogram_counts_steps_per_length():
+    recs = [q(1, turn([3, 1, 1]), turn([4])), q(2, turn([1, 3]))]
+    assert metrics.accept_length_histogram(recs) == {1: 3, 3: 2, 4: 1}
+    assert list(metrics.accept_length_histogram(recs)) == [1, 3, 4]
+
+
+def test_acceptance_by_depth_over_drafted_steps_only():
+    # drafted steps accept 0, 1, 2, 2 draft tokens; the plain step (drafted 0) is left out
+    recs = [q(1, turn([1, 2, 3, 3, 1], drafted=[4, 4, 4, 4, 0]))]
+    d = metrics.acceptance_by_depth(recs)
+    assert d["steps"] == 4
+    assert d["marginal"] == pytest.approx([3 / 4, 2 / 4])
+    assert d["conditional"] == pytest.approx([3 / 4, 2 / 3])
+
+
+def test_drafted_token_acceptance_rate():
+    recs = [q(1, turn([1, 2, 3, 1], drafted=[4, 4, 2, 0])), q(2, turn([4], drafted=[10]))]
+    assert metrics.drafted_acceptance_rate(recs) == pytest.approx((0 + 1 + 2 + 0 + 3) / 20)
+    assert metrics.drafted_acceptance_rate([q(1, turn([1, 1], drafted=[0, 0]))]) is None  # AR drafts nothing
+
+
+def test_figures_that_need_step_fields_are_none_for_older_records():
+    old = [q(1, turn([2, 3]))]
+    mixed = old + [q(2, turn([2], drafted=[3], times=[0.1]))]
+    for recs in (old, mixed):
+        assert metrics.acceptance_by_depth(recs) is None
+        assert metrics.drafted_acceptance_rate(recs) is None
+        assert metrics.per_token_latency(recs) is None
+    # the rest still reports
+    assert metrics.ttft(old)["p50"] == pytest.approx(0.1) and metrics.tpot(old) is not None
+
+
+def test_mat_per_step_pools_steps_mat_per_question_averages_questions():
+    recs = [q(1, turn([1] * 8)), q(2, turn([3, 5]))]
+    assert metrics.mat(recs) == pytest.approx(16 / 10)
+    assert metrics.mat_per_question(recs) == pytest.approx((1 + 4) / 2)
+    assert metrics.mat_per_question(recs + [q(3, turn([]))]) == pytest.approx(2.5)  # no step: left out
+
+
+def test_percentile_is_linear_between_ranks():
+    assert metrics.percentile([4, 1, 3, 2], 50) == pytest.approx(2.5)
+    assert metrics.percentile([1, 2, 3, 4, 5], 90) == pytest.approx(4.6)
+    assert metrics.percentile([7], 99) == 7
+
+
+def test_ttft_is_the_prefill_time_of_every_turn():
+    recs = [q(1, turn([1], prefill=0.1), turn([1], prefill=0.3)), q(2, turn([1], prefill=0.2))]
+    t = metrics.ttft(recs)
+    assert t["mean"] == pytest.approx(0.2) and t["p50"] == pytest.approx(0.2)
+    assert t["p90"] == pytest.approx(0.28) and t["p99"] == pytest.approx(0.298)
+
+
+def test_per_token_latency_gives_each_emitted_token_its_steps_share():
+    # a step of 0.3 s emitting 3 tokens: three tokens at 0.1 s; a step of 0.5 s emitting 1: one at 0.5
+    recs = [q(1, turn([3, 1], times=[0.3, 0.5]))]
+    lat = metrics.per_token_latency(recs)
+    assert lat["p50"] == pytest.approx(0.1)
+    assert lat["p90"] == pytest.approx(0.1 + 0.4 * 0.7) and lat["p99"] == pytest.approx(0.1 + 0.4 * 0.97)
+
+
+def test_tpot_per_question_leaves_each_turns_first_token_to_prefill():
+    recs = [q(1, turn([1], tokens=11, wall=1.1, prefill=0.1), turn([1], tokens=5, wall=0.5, prefill=0.1)),
+            q(2, turn([1], tokens=3, wall=0.5, prefill=0.1)), q(3, turn([], tokens=1, wall=0.1, prefill=0.1))]
+    assert metrics.tpot(recs) == pytest.approx(((1.0 + 0.4) / 14 + 0.4 / 2) / 2)  # q3: no second token
+
+
+def test_speedup_ci_brackets_the_speedup_and_is_seeded():
+    ar = [rec(i, "qa", 10, 1.0, [1] * 10) for i in range(20)]
+    m = [rec(i, "qa", 10, 1.0 / (1.5 + 0.05 * (i % 5)), [2] * 5) for i in range(20)]
+    lo, hi = metrics.speedup_ci(m, ar)
+    assert lo < metrics.speedup(m, ar)["overall"] < hi and 1.5 <= lo < hi <= 1.7
+    assert metrics.speedup_ci(m, ar) == (lo, hi)  # seeded: the same interval every time
+    same = [rec(i, "qa", 10, 0.5, [2] * 5) for i in range(20)]
+    assert metrics.speedup_ci(same, ar) == pytest.approx((2.0, 2.0))  # no spread, no width
+    assert metrics.speedup_ci(m[:1], ar) is None  # one question: nothing to resample
+    assert metrics.speedup_ci(m, ar[10:]) == metrics.speedup_ci(m[10:], ar[10:])  # shared questions only

@@ -15,7 +15,11 @@ def test_save_all_writes_png_and_pdf(tmp_path):
     fr = collect.frames(collect.load_runs(FIXTURE))
     written = plots.save_all(fr, tmp_path)
     kinds = {name.split("__")[0] for name in written}
-    assert kinds == {"speedup_subtasks", "mat", "accept_lengths", "tokens_over_run", "speedup_vs_temperature"}
+    assert kinds == {"speedup_subtasks", "mat", "accept_lengths", "acceptance_depth", "tokens_over_run",
+                     "speedup_vs_temperature"}
+    # the T=0.7 run's answers lack step_drafted: no acceptance-by-depth plot for its setting
+    assert [n for n in written if n.startswith("acceptance_depth")] == [
+        "acceptance_depth__smollm2-135m_mini_t0_m32_float32_cpu"]
     assert "speedup_subtasks__smollm2-135m_mini_t0_m32_float32_cpu" in written
     for name in written:
         png, pdf = tmp_path / f"{name}.png", tmp_path / f"{name}.pdf"
@@ -35,4 +39,18 @@ def test_plot_script(tmp_path):
     from scripts.plot import main
 
     assert main([str(FIXTURE), "--out", str(tmp_path), "--formats", "png"]) == 0
-    assert len(list(tmp_path.glob("*.png"))) == 9 and not list(tmp_path.glob("*.pdf"))
+    assert len(list(tmp_path.glob("*.png"))) == 10 and not list(tmp_path.glob("*.pdf"))
+
+
+def test_acceptance_by_depth_is_drawn_from_the_records():
+    fr = collect.frames(collect.load_runs(FIXTURE))
+    t0 = fr["depths"][fr["depths"]["temperature"] == 0]
+    fig = plots.acceptance_by_depth(t0)
+    marginal, conditional = ({ln.get_label(): list(ln.get_ydata()) for ln in ax.lines} for ax in fig.axes)
+    assert set(marginal) == {"tr", "pld"}  # AR drafts nothing: no line
+    # TR (both repeats): of 88 drafted steps, 78 accept 2 or more draft tokens and 4 accept 4
+    assert marginal["tr"] == pytest.approx([78 / 88, 78 / 88, 4 / 88, 4 / 88])
+    assert conditional["tr"] == pytest.approx([78 / 88, 1.0, 4 / 78, 1.0])
+    # PLD: of 15 drafted steps per turn, 10 accept one token; its 6 plain steps are not counted
+    assert marginal["pld"] == pytest.approx([10 / 15]) and conditional["pld"] == pytest.approx([10 / 15])
+    assert {ln.get_linestyle() for ln in fig.axes[1].lines} == {"--"}

@@ -138,7 +138,8 @@ def test_round_trip_gives_back_the_figures_and_the_files(run_dir, exported, tmp_
     for k in (*tables.VALUE_KEYS, "decode_tokens_per_s", "decode_speedup", "baseline_tokens_per_s", "questions"):
         assert row_i[k] == row_o[k], k
     assert row_i["lossless"] == {"checked": 3, "exact": 3, "numeric_ties": 0, "mismatches": 0, "lossy_differences": 0,
-                                 "tokens_checked": 0, "tokens_equal": 0, "tokens_numeric": 0, "tokens_outside_band": 0}
+                                 "tokens_checked": 0, "tokens_equal": 0, "tokens_numeric": 0, "tokens_outside_band": 0,
+                                 "questions_outside_band": 0}
     assert imp.records[0]["lossless"] == {"status": "exact", "basis": "text"}
     assert (row_i["model"], row_i["temperature"], row_i["dtype"]) == ("toy", 0.0, "float32")  # from the model id
     summary = json.loads((out / "summary.json").read_text())
@@ -161,7 +162,7 @@ def test_collect_and_tables_show_an_imported_run_beside_ours(exported, tmp_path)
     md = tables.to_markdown(tables.build_tables(tables.aggregate(rows)))
     table = md.split("### ")[1]
     assert table.startswith("smollm2-135m · mini · T=0 · 32 new tokens · float32 · cpu")
-    assert "| eagle |" in table and "| tr |" in table and "eagle 3/3 exact" in table
+    assert "| eagle |" in table and "| tr |" in table and "eagle 3/3 valid, 3 exact vs AR" in table
     fr = collect.frames(runs)
     assert (fr["questions"]["method"] == "eagle").sum() == 3
     assert collect.write_results_csv(root).is_file()

@@ -45,11 +45,17 @@ def test_markdown_layout(rows):
     md = tables.to_markdown(tables.build_tables(tables.aggregate(list(rows.values()))))
     lines = md.splitlines()
     assert lines[0] == "### smollm2-135m · mini · T=0 · 32 new tokens · float32 · cpu"
-    assert lines[2] == "| Method | MT | Translation | Summarization | QA | Math | RAG | MAT | tokens/s | Overall |"
+    assert lines[2] == ("| Method | MT | Translation | Summarization | QA | Math | RAG | MAT | Acc. rate | tokens/s "
+                        "| Overall | 95% CI |")
     body = [ln for ln in lines[4:7]]
     assert [b.split(" | ")[0] for b in body] == ["| ar", "| tr", "| pld"]  # AR first, then best overall
-    assert body[0] == "| ar | 1.00x | 1.00x | 1.00x | 1.00x | 1.00x | 1.00x | 1.00 | 11.4 | 1.00x |"
-    assert "| 2.06x ± 0.27 |" in body[1]
+    assert body[0] == "| ar | 1.00x | 1.00x | 1.00x | 1.00x | 1.00x | 1.00x | 1.00 | - | 11.4 | 1.00x | [1.00, 1.00] |"
+    # TR accepts 164 of 8 turns x 110 drafted nodes; repeats show ± std, not one run's CI
+    assert "| 18.6% ± 0.0% |" in body[1] and body[1].endswith("| 2.06x ± 0.27 | - |")
+    assert "| 1.48 | 6.7% | 15.1 | 1.32x | [0.84, 2.00] |" in body[2]  # PLD: 10 of 15 x 10 drafted
+    t07 = md.split("T=0.7")[1]
+    # an older run, no step_drafted: no rate, the rest as before
+    assert "| tr | 1.60x | 1.20x | 2.00x | 1.60x | 1.60x | 0.80x | 2.86 | - | 17.1 | 1.50x | [1.20, 1.89] |" in t07
     assert "n=2" in md and "### smollm2-135m · mini · T=0.7" in md
     assert "| ar (interleaved) |" in md  # T=0.7 has no AR run: AR row from the methods' references
 
@@ -58,10 +64,13 @@ def test_latex_and_csv(rows):
     built = tables.build_tables(tables.aggregate(list(rows.values())))
     tex = tables.to_latex(built)
     assert tex.count("\\begin{tabular}") == 2 and "\\toprule" in tex and "$\\pm$" in tex
-    assert "MT & Translation & Summarization & QA & Math & RAG & MAT & tokens/s & Overall" in tex
+    assert ("MT & Translation & Summarization & QA & Math & RAG & MAT & Acc. rate & tokens/s & Overall & 95\\% CI"
+            in tex)
     recs = list(csv.DictReader(io.StringIO(tables.to_csv(built))))
     tr = [r for r in recs if r["method"] == "tr" and r["temperature"] == "0.0"][0]
     assert float(tr["overall"]) == pytest.approx(2.0625) and tr["n"] == "2"
+    pld = [r for r in recs if r["method"] == "pld"][0]
+    assert float(pld["accept_rate"]) == pytest.approx(10 / 150) and float(pld["speedup_ci_lo"]) < float(pld["overall"])
 
 
 def test_published_side_by_side():
@@ -78,7 +87,8 @@ def test_published_side_by_side():
     tr_paper = table["rows"][4]
     assert tr_paper["overall"] == 2.03 and tr_paper["mat"] == 2.70 and tr_paper["tokens_per_s"] == 110.06
     md = tables.to_markdown([table])
-    assert "| tr [TR paper, A100] | 2.17x | 1.90x | 1.94x | 1.95x | 2.40x | 1.78x | 2.70 | 110.1 | 2.03x |" in md
+    assert ("| tr [TR paper, A100] | 2.17x | 1.90x | 1.94x | 1.95x | 2.40x | 1.78x | 2.70 | - | 110.1 | 2.03x | - |"
+            in md)
     assert "| tr [Spec-Bench board, A100] |" in md and "| - | 2.22x |" in md  # the board has no tokens/s
     # sampling runs, and other models, get no published rows
     hot = [dict(r, temperature=0.7) for r in ours]

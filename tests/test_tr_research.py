@@ -116,7 +116,7 @@ def test_ablation_table_one_row_per_variant(tmp_path):
     md = tables.ablation_markdown([t])
     assert ("| Setting | MAT | Speedup | Bound | Rows/step | Root row never written | Root rank 0 = target "
             "| Lossless |") in md
-    assert "| defaults | 2.00 | 2.00x | - | 4.0 | 5% | 60% | 2/2 exact |" in md  # STATS: 5 and 60 of 100 steps
+    assert "| defaults | 2.00 | 2.00x | - | 4.0 | 5% | 60% | 2/2 valid, 2 exact vs AR, 0 numeric |" in md  # STATS: 5 and 60 of 100 steps
 
 
 def test_matrix_shares_pool_steps_over_questions():

@@ -1,11 +1,15 @@
-"""Spec-Bench's metric definitions, as pure functions over answer records.
+"""Spec-Bench's metric definitions, and acceptance and latency figures, as pure functions over
+answer records.
 
 A record is one question's line of answers.jsonl: it has 'subtask' and 'turns', each turn with
-new_tokens, wall_time, prefill_time and accept_lengths.
+new_tokens, wall_time, prefill_time and accept_lengths, and from newer runs step_drafted (draft
+tree nodes per step) and step_times (seconds per step). Figures that need the newer fields are
+None for records without them, so older runs still report everything else.
 """
 
 from __future__ import annotations
 
+import random
 from statistics import mean
 
 from specbench.inputs.tasks import SUBTASKS
@@ -24,9 +28,106 @@ def tokens_per_s(records: list[dict], decode_only: bool = False) -> float:
 
 
 def mat(records: list[dict]) -> float:
-    """Mean accepted tokens: every decoding step's accepted length, pooled."""
+    """MAT per step, Spec-Bench's mean accepted tokens: every decoding step's accepted length
+    (accepted draft tokens + 1), pooled over all steps of all questions."""
     lengths = [a for r in records for t in r["turns"] for a in t["accept_lengths"]]
     return mean(lengths) if lengths else 0.0
+
+
+def mat_per_question(records: list[dict]) -> float:
+    """MAT per question: the mean over questions of each question's own MAT (its steps pooled over
+    its turns), so a long answer weighs as much as a short one; questions without a step are left out."""
+    per_q = [mat([r]) for r in records if any(t["accept_lengths"] for t in r["turns"])]
+    return mean(per_q) if per_q else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between the closest ranks (numpy's default)."""
+    v = sorted(values)
+    x = (len(v) - 1) * q / 100
+    lo = int(x)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (x - lo)
+
+
+def _percentiles(values: list[float], qs=(50, 90, 99)) -> dict:
+    return {f"p{q}": percentile(values, q) for q in qs}
+
+
+def _every_turn_has(records: list[dict], key: str) -> bool:
+    turns = [t for r in records for t in r["turns"]]
+    return bool(turns) and all(key in t for t in turns)
+
+
+def accept_length_histogram(records: list[dict]) -> dict[int, int]:
+    """Decoding steps per accepted length L (accepted draft tokens + 1), in increasing L: 1 = the
+    step accepted nothing (a plain step, or a draft whose first token was rejected)."""
+    counts: dict[int, int] = {}
+    for a in (a for r in records for t in r["turns"] for a in t["accept_lengths"]):
+        counts[a] = counts.get(a, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _drafted_steps(records: list[dict]) -> list[tuple[int, int]] | None:
+    """(accepted length, drafted nodes) of every step; None unless every turn records step_drafted."""
+    if not _every_turn_has(records, "step_drafted"):
+        return None
+    return [s for r in records for t in r["turns"] for s in zip(t["accept_lengths"], t["step_drafted"])]
+
+
+def acceptance_by_depth(records: list[dict]) -> dict | None:
+    """Acceptance per draft depth d = 1..the deepest accepted, over the steps that drafted
+    (step_drafted > 0): marginal[d-1] = P(depth d accepted) = the share of those steps accepting at
+    least d draft tokens; conditional[d-1] = P(d accepted | d-1 accepted) = steps accepting >= d over
+    steps accepting >= d-1 (depth 0, the root, is always accepted). A tree shallower than d counts as
+    not accepting d. None without step_drafted (older records) or when no step drafted."""
+    steps = _drafted_steps(records)
+    accepted = [a - 1 for a, n in steps or [] if n > 0]
+    if not accepted:
+        return None
+    reach = [sum(a >= d for a in accepted) for d in range(max(accepted) + 1)]  # reach[0] = all steps
+    return {"steps": len(accepted),
+            "marginal": [reach[d] / reach[0] for d in range(1, len(reach))],
+            "conditional": [reach[d] / reach[d - 1] for d in range(1, len(reach))]}
+
+
+def drafted_acceptance_rate(records: list[dict]) -> float | None:
+    """Accepted draft tokens / drafted tokens, pooled over all steps: sum(accept_length - 1) /
+    sum(step_drafted). Drafted tokens are the draft tree's nodes (Lookahead's window rows, never
+    accepted, are not drafts). None without step_drafted (older records) or when nothing was drafted."""
+    steps = _drafted_steps(records)
+    drafted = sum(n for _, n in steps or [])
+    return sum(a - 1 for a, _ in steps) / drafted if drafted else None
+
+
+def ttft(records: list[dict]) -> dict | None:
+    """Time to first token of every turn, its prefill (the prompt's forward and the first token's
+    choice): mean, p50, p90 and p99 in seconds. None without turns."""
+    times = [t["prefill_time"] for r in records for t in r["turns"]]
+    return {"mean": mean(times), **_percentiles(times)} if times else None
+
+
+def per_token_latency(records: list[dict]) -> dict | None:
+    """Latency of every token a decoding step emitted: the step's wall time divided by the tokens it
+    emitted, one value per emitted token (the first token of a turn is the prefill's: see ttft);
+    p50, p90 and p99 in seconds over the run. None without step_times (older records) or steps."""
+    if not _every_turn_has(records, "step_times"):
+        return None
+    per_token = [dt / a for r in records for t in r["turns"]
+                 for dt, a in zip(t["step_times"], t["accept_lengths"]) for _ in range(a)]
+    return _percentiles(per_token) if per_token else None
+
+
+def tpot(records: list[dict]) -> float | None:
+    """Time per output token after the first, per question: (wall - prefill) / (new tokens - 1),
+    each summed over the question's turns (every turn's first token is its prefill's); the mean over
+    questions. None when no question has a second token."""
+    per_q = []
+    for r in records:
+        tokens = sum(t["new_tokens"] - 1 for t in r["turns"])
+        if tokens > 0:
+            per_q.append(sum(t["wall_time"] - t["prefill_time"] for t in r["turns"]) / tokens)
+    return mean(per_q) if per_q else None
 
 
 def speedup(method: list[dict], baseline: list[dict], decode_only: bool = False) -> dict:
@@ -48,6 +149,29 @@ def speedup(method: list[dict], baseline: list[dict], decode_only: bool = False)
     for sub in sorted({p[0]["subtask"] for p in pairs} - set(SUBTASKS)):
         out[sub] = ratio([p for p in pairs if p[0]["subtask"] == sub])
     return out
+
+
+def speedup_ci(method: list[dict], baseline: list[dict], level: float = 0.95, resamples: int = 2000,
+               seed: int = 0) -> tuple[float, float] | None:
+    """Bootstrap confidence interval of the overall speedup: question ids shared by both runs are
+    resampled with replacement (seeded, `resamples` times), each resample's speedup is, as `speedup`
+    defines it, mean(method speeds) / mean(baseline speeds) over the resampled questions, and the
+    interval is those speedups' (1 - level) / 2 and (1 + level) / 2 percentiles. None with fewer than
+    two shared questions."""
+    base = {r["question_id"]: question_speed(r) for r in baseline}
+    pairs = [(question_speed(r), base[r["question_id"]]) for r in method if r["question_id"] in base]
+    if len(pairs) < 2:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        sample = rng.choices(pairs, k=len(pairs))
+        b = sum(p[1] for p in sample)
+        if b > 0:
+            ratios.append(sum(p[0] for p in sample) / b)  # same count on both sides: a ratio of means
+    if not ratios:
+        return None
+    return percentile(ratios, 50 * (1 - level)), percentile(ratios, 50 * (1 + level))
 
 
 def rows_per_step(records: list[dict]) -> float:

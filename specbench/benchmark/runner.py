@@ -147,7 +147,8 @@ def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str,
         turns.append({
             "prompt_ids": ids, "output": answer, "token_ids": r.tokens, "new_tokens": r.new_tokens,
             "wall_time": r.wall_time, "prefill_time": r.prefill_time, "decoding_steps": r.decoding_steps,
-            "accept_lengths": r.accept_lengths, "step_rows": r.step_rows,
+            "accept_lengths": r.accept_lengths, "step_rows": r.step_rows, "step_drafted": r.step_drafted,
+            "step_times": r.step_times,
         })
     rec = {"question_id": q.question_id, "category": q.category, "subtask": q.subtask,
            "method": drafter.name, "turns": turns}
@@ -181,6 +182,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
     ids = {r["question_id"] for r in records}
     bound = cost.run_bound(curve, records)
     base = [b for b in base if b["question_id"] in ids]
+    ci = metrics.speedup_ci(records, base) if base else None
     summary = {
         "method": cfg["method"]["name"], "method_params": method_params(cfg),
         "lossless_method": lossless_method,  # false: lossy by design, outside the lossless tally
@@ -199,6 +201,16 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "baseline": cfg["baseline"],
         "baseline_tokens_per_s": metrics.tokens_per_s(base) if base else None,
         "speedup": metrics.speedup(records, base) if base else None,
+        "speedup_ci": list(ci) if ci else None,  # 95%, bootstrap over questions
+        # definitions: specbench/benchmark/metrics.py, docs/protocol.md
+        "acceptance": {
+            "histogram": metrics.accept_length_histogram(records),
+            "drafted_token_rate": metrics.drafted_acceptance_rate(records),
+            "by_depth": metrics.acceptance_by_depth(records),
+            "mat_per_step": metrics.mat(records), "mat_per_question": metrics.mat_per_question(records),
+        },
+        "latency": {"ttft": metrics.ttft(records), "per_token": metrics.per_token_latency(records),
+                    "tpot_per_question": metrics.tpot(records)},
         "decode_speedup": metrics.speedup(records, base, decode_only=True) if base else None,
         # the speedup with zero harness overhead on this hardware (specbench/hardware/cost.py); against
         # decode_speedup, the gap is what drafting, verification and bookkeeping cost
@@ -246,6 +258,7 @@ def format_table(summary: dict) -> str:
         out.append(f"decode = speedup without prefill; bound = MAT x t(1) / t(rows), step by step, from the "
                    f"{'quick ' if c['quick'] else ''}cost curve of {c['device']} ({c['dtype']}, t(1) = "
                    f"{c['t1_ms']:.1f} ms, {detail['mean_rows']:.1f} rows per step); decode vs bound: harness overhead")
+    out.append(acceptance_latency_line(summary))
     out += roofline.footer_lines(summary)
     if summary["method"] == "tr" and sp.get("overall") and sp["overall"] < 1:
         rows = f"{detail['mean_rows']:.0f}-row " if detail else ""
@@ -253,6 +266,18 @@ def format_table(summary: dict) -> str:
                    "tokens it recycles save. Try method=tr_adaptive, which verifies each step the part of the "
                    "tree that pays on this machine's cost curve (docs/token-recycling.md).")
     return "\n".join(out)
+
+
+def acceptance_latency_line(summary: dict) -> str:
+    """The table's footer line of acceptance and latency figures ('-' where the answers lack them)."""
+    acc, lat, ci = summary.get("acceptance") or {}, summary.get("latency") or {}, summary.get("speedup_ci")
+    ms = lambda v: "-" if v is None else f"{1000 * v:.1f} ms"
+    rate = acc.get("drafted_token_rate")
+    per_token = lat.get("per_token") or {}
+    return (f"accepted {'-' if rate is None else f'{100 * rate:.1f}%'} of drafted tokens; "
+            f"TTFT p50 {ms((lat.get('ttft') or {}).get('p50'))}; "
+            f"per-token latency p50 {ms(per_token.get('p50'))}, p99 {ms(per_token.get('p99'))}; "
+            f"speedup 95% CI {f'{ci[0]:.2f}x-{ci[1]:.2f}x' if ci else '-'} (bootstrap over questions)")
 
 
 @dataclass

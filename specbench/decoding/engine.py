@@ -7,6 +7,7 @@ plain step) and gets a `StepOutcome` back.
 from __future__ import annotations
 
 import sys
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -31,6 +32,8 @@ class TurnResult:
     accept_lengths: list[int]  # per step: accepted draft tokens + 1 (the bonus)
     forward_time: float = 0.0  # time inside model forwards during decoding (profile=True only)
     step_rows: list[int] = field(default_factory=list)  # rows per verification forward
+    step_drafted: list[int] = field(default_factory=list)  # draft tree nodes per step (0: a plain step)
+    step_times: list[float] = field(default_factory=list)  # wall seconds of each step
 
     @property
     def new_tokens(self) -> int:
@@ -209,6 +212,9 @@ class Engine:
         new = [first]
         accept_lengths: list[int] = []
         rows_per_step: list[int] = []
+        drafted: list[int] = []
+        step_times: list[float] = []
+        step_end = t0 + t_prefill
         self.forward_time = 0.0
         step = 0
         while len(new) < max_new_tokens and new[-1] not in self.eos:
@@ -233,13 +239,21 @@ class Engine:
             new.extend(emitted)
             accept_lengths.append(len(emitted))
             rows_per_step.append(1 if draft is None else draft.tree.size + draft.n_extra)
+            drafted.append(0 if draft is None else len(draft.tree))
             drafter.observe(
                 StepOutcome(draft=draft, root=root, logits=logits, accepted=accepted, bonus=bonus,
                             hidden_states=hidden, emitted=emitted)
             )
+            # now()'s clock without its synchronisation: the step's .tolist() has waited for the
+            # device already; work observe() queued lands in the next step's time, and the turn's
+            # wall time (synchronised) still holds all of it
+            t = time.perf_counter()
+            step_times.append(t - step_end)
+            step_end = t
             step += 1
         wall = now(dev) - t0
         return TurnResult(
             tokens=new, wall_time=wall, prefill_time=t_prefill, decoding_steps=step,
             accept_lengths=accept_lengths, forward_time=self.forward_time, step_rows=rows_per_step,
+            step_drafted=drafted, step_times=step_times,
         )

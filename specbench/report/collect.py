@@ -116,7 +116,8 @@ def run_rows(runs: list[Run]) -> list[dict]:
 
 
 RESULTS_CSV_FIELDS = ["path", *tables.TABLE_KEYS, "device_name", "method", "method_params", "warmup_on", "repeat",
-                      "baseline_mode", "questions", *tables.SPEEDUP_KEYS, "mat", "tokens_per_s",
+                      "baseline_mode", "questions", *tables.SPEEDUP_KEYS, "speedup_ci_lo", "speedup_ci_hi",
+                      "mat", "accept_rate", "tokens_per_s",
                       "decode_tokens_per_s", "decode_speedup", "baseline_tokens_per_s",
                       "lossless_checked", "lossless_exact", "lossless_numeric_ties", "lossless_mismatches",
                       "lossless_lossy_differences", "lossless_tokens_checked", "lossless_tokens_equal",
@@ -162,9 +163,10 @@ def load_published(directory: str | Path) -> list[dict]:
 
 def frames(runs: list[Run]) -> dict:
     """DataFrames: 'runs' (one row per run), 'questions' (per question of each run, in run order,
-    with the AR reference speed), 'accepts' (every decoding step's accepted length), 'nodes' (per
-    run and draft-tree template node, where the drafter records them (TR): depth, rank, parent,
-    times drafted and times on the accepted path)."""
+    with the AR reference speed), 'accepts' (every decoding step's accepted length), 'depths' (per
+    run and draft depth: marginal and conditional acceptance, metrics.acceptance_by_depth, where the
+    answers record step_drafted), 'nodes' (per run and draft-tree template node, where the drafter
+    records them (TR): depth, rank, parent, times drafted and times on the accepted path)."""
     import pandas as pd
 
     from specbench.benchmark import metrics
@@ -172,7 +174,7 @@ def frames(runs: list[Run]) -> dict:
 
     rows = run_rows(runs)
     by_path = {r["path"]: r for r in rows}
-    q_rows, a_rows, n_rows = [], [], []
+    q_rows, a_rows, d_rows, n_rows = [], [], [], []
     for run in runs:
         if str(run.path) not in by_path:
             continue
@@ -186,6 +188,9 @@ def frames(runs: list[Run]) -> dict:
                 n_rows.append(dict(meta, node=v, parent=par, depth=depths[v], rank=ranks[v - 1], hits=h,
                                    drafted=d, steps=stats["steps"], root_row_unwritten=stats["root_row_unwritten"],
                                    root_rank0_hits=stats["root_rank0_hits"]))
+        by_depth = metrics.acceptance_by_depth(run.records) or {"marginal": [], "conditional": []}
+        for d, (marg, cond) in enumerate(zip(by_depth["marginal"], by_depth["conditional"]), start=1):
+            d_rows.append(dict(meta, depth=d, marginal=marg, conditional=cond, steps=by_depth["steps"]))
         base = {b["question_id"]: b for b in run.baseline}
         for i, r in enumerate(run.records):
             speed = metrics.question_speed(r)
@@ -205,4 +210,4 @@ def frames(runs: list[Run]) -> dict:
     if len(runs_df):
         runs_df["method_params"] = runs_df["method_params"].map(tables.params_key)
     return {"runs": runs_df, "questions": pd.DataFrame(q_rows), "accepts": pd.DataFrame(a_rows),
-            "nodes": pd.DataFrame(n_rows)}
+            "depths": pd.DataFrame(d_rows), "nodes": pd.DataFrame(n_rows)}

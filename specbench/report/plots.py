@@ -4,6 +4,8 @@ specbench.report.collect.frames and returns a Figure; ``save_all`` writes PNG an
 - speedup per subtask per method (grouped bars, error bars = std over repeated runs);
 - MAT per method;
 - distribution of accepted lengths per method (share of decoding steps);
+- acceptance by draft depth per method: marginal P(depth d accepted) and conditional
+  P(d accepted | d-1 accepted), over the steps that drafted;
 - tokens/s over the run (each question's speed in run order; AR reference dotted);
 - overall speedup against temperature, per method;
 - per-node acceptance of a draft-tree template (TR): the tree, each node coloured by how often it
@@ -132,6 +134,30 @@ def accept_lengths(accepts, title: str | None = None):
     return fig
 
 
+def acceptance_by_depth(depths, title: str | None = None):
+    """Per method, over the steps that drafted: left, P(depth d accepted); right, P(d accepted | d-1
+    accepted) (metrics.acceptance_by_depth), each the mean over repeated runs."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3.5), sharex=True, sharey=True)
+    if len(depths):
+        df = depths.copy()
+        df["label"] = _labels(df)
+        for i, m in enumerate(_order(df["label"])):
+            g = df[df["label"] == m].groupby("depth")[["marginal", "conditional"]].mean()
+            ax.plot(g.index, g["marginal"], color=f"C{i}", marker="o", label=m)
+            ax2.plot(g.index, g["conditional"], color=f"C{i}", marker="o", ls="--", label=m)
+        ax.set_xticks(range(1, int(df["depth"].max()) + 1))
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("draft depth d")
+    ax2.set_xlabel("draft depth d")
+    ax.set_ylabel("share of drafted steps")
+    ax.set_title("P(depth d accepted)", fontsize=9)
+    ax2.set_title("P(d accepted | d-1 accepted)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.suptitle(title or "Acceptance by depth", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def tokens_over_run(questions, title: str | None = None):
     """Each question's tokens/s in the order the run made them; its AR reference dotted."""
     fig, ax = plt.subplots(figsize=(8, 3.5))
@@ -234,6 +260,11 @@ def save_all(fr: dict, out_dir: str | Path, formats=("png", "pdf")) -> dict:
         if len(acc):
             written[f"accept_lengths__{s}"] = save(accept_lengths(acc[acc["path"].isin(paths)], f"Accepted lengths\n{t}"),
                                                    out_dir, f"accept_lengths__{s}", formats)
+        depths = fr.get("depths")  # older frames (and answers without step_drafted) have none
+        if depths is not None and len(depths) and depths["path"].isin(paths).any():
+            written[f"acceptance_depth__{s}"] = save(
+                acceptance_by_depth(depths[depths["path"].isin(paths)], f"Acceptance by depth\n{t}"),
+                out_dir, f"acceptance_depth__{s}", formats)
         if len(qs):
             written[f"tokens_over_run__{s}"] = save(tokens_over_run(qs[qs["path"].isin(paths)], f"tokens/s over the run\n{t}"),
                                                     out_dir, f"tokens_over_run__{s}", formats)

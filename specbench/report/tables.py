@@ -22,11 +22,13 @@ from specbench.benchmark import metrics
 from specbench.benchmark.lossless import verdict_line
 from specbench.inputs.tasks import SUBTASKS
 
-# (key, header) in Spec-Bench's leaderboard order; subtask columns are speedups over AR.
+# (key, header) in Spec-Bench's leaderboard order; subtask columns are speedups over AR. Acc. rate
+# (accepted / drafted draft tokens) is ours; the overall speedup's 95% CI follows as a last column.
 COLUMNS = [("mt", "MT"), ("translation", "Translation"), ("summarization", "Summarization"),
            ("qa", "QA"), ("math_reasoning", "Math"), ("rag", "RAG"), ("mat", "MAT"),
-           ("tokens_per_s", "tokens/s"), ("overall", "Overall")]
+           ("accept_rate", "Acc. rate"), ("tokens_per_s", "tokens/s"), ("overall", "Overall")]
 VALUE_KEYS = [k for k, _ in COLUMNS]
+HEADERS = [*[h for _, h in COLUMNS], "95% CI"]
 SPEEDUP_KEYS = [*SUBTASKS, "overall"]
 # Settings that make two runs comparable (one table); method + params on top make them repeats.
 TABLE_KEYS = ("model", "task", "temperature", "top_k", "top_p", "max_new_tokens", "dtype", "device")
@@ -49,6 +51,7 @@ def run_row(meta: dict, records: list[dict], baseline: list[dict]) -> dict:
     row["mat"] = metrics.mat(records) if records else None
     row["rows_per_step"] = metrics.rows_per_step(records) if records else None
     row["tokens_per_s"] = metrics.tokens_per_s(records) if records else None
+    row["accept_rate"] = metrics.drafted_acceptance_rate(records) if records else None
     row.update(matrix_shares(records))
     # decode-only needs prefill times, which runs imported from Spec-Bench answer files lack
     decode = all("prefill_time" in t for r in (*records, *baseline) for t in r["turns"])
@@ -61,6 +64,8 @@ def run_row(meta: dict, records: list[dict], baseline: list[dict]) -> dict:
     ids = {r["question_id"] for r in records}
     base = [b for b in baseline if b["question_id"] in ids]
     row["baseline_tokens_per_s"] = metrics.tokens_per_s(base) if base else None
+    ci = metrics.speedup_ci(records, baseline) if records and baseline else None
+    row["speedup_ci_lo"], row["speedup_ci_hi"] = ci or (None, None)
     return row
 
 
@@ -116,6 +121,9 @@ def aggregate(rows: list[dict]) -> list[dict]:
         for k in (*VALUE_KEYS, "decode_speedup", "baseline_tokens_per_s", "questions", "rows_per_step",
                   "speedup_bound", "root_unwritten", "root_rank0"):
             agg[k], agg[f"{k}_std"] = _stats([r.get(k) for r in rs])
+        # a CI belongs to one run's questions; repeats show their spread as ± std instead
+        for k in ("speedup_ci_lo", "speedup_ci_hi"):
+            agg[k] = first.get(k) if len(rs) == 1 else None
         tallies = [r.get("lossless") for r in rs if r.get("lossless")]
         agg["lossless"] = ({k: sum(t.get(k, 0) for t in tallies) for k in tallies[0]} if tallies else None)
         out.append(agg)
@@ -252,10 +260,10 @@ def table_title(meta: dict) -> str:
 
 
 def format_value(key: str, value: float | None, std: float | None = None) -> str:
-    """Speedups as 1.23x, MAT with 2 decimals, tokens/s with 1; '± std' when there is one."""
+    """Speedups as 1.23x, MAT with 2 decimals, tokens/s with 1, rates as 12.3%; '± std' when there is one."""
     if value is None:
         return "-"
-    fmt = {"mat": "{:.2f}", "tokens_per_s": "{:.1f}"}.get(key, "{:.2f}x")
+    fmt = {"mat": "{:.2f}", "tokens_per_s": "{:.1f}", "accept_rate": "{:.1%}"}.get(key, "{:.2f}x")
     text = fmt.format(value)
     if std is not None:
         text += " ± " + fmt.format(std).rstrip("x")
@@ -264,6 +272,12 @@ def format_value(key: str, value: float | None, std: float | None = None) -> str
 
 def _row_label(r: dict) -> str:
     return r["label"] if r["source"] == "ours" else f"{r['label']} [{r['source']}]"
+
+
+def _cells(r: dict) -> list[str]:
+    lo, hi = r.get("speedup_ci_lo"), r.get("speedup_ci_hi")
+    return [_row_label(r), *[format_value(k, r.get(k), r.get(f"{k}_std")) for k in VALUE_KEYS],
+            "-" if lo is None else f"[{lo:.2f}, {hi:.2f}]"]
 
 
 def _footnote(table: dict) -> str:
@@ -278,6 +292,9 @@ def _footnote(table: dict) -> str:
           for r in ours if r.get("lossless") and r["lossless"].get("checked") and r["method"] != "ar"]
     if lo:
         parts.append("lossless check: " + "; ".join(lo))
+    if any(r.get("accept_rate") is not None or r.get("speedup_ci_lo") is not None for r in ours):
+        parts.append("Acc. rate: accepted / drafted draft tokens; 95% CI: of the overall speedup, bootstrap "
+                     "over questions (one run)")
     if any(r["source"] != "ours" for r in table["rows"]):
         parts.append("[..] rows: published figures (greedy, fp16, A100), not comparable in tokens/s")
     return ". ".join(parts)
@@ -286,12 +303,11 @@ def _footnote(table: dict) -> str:
 def to_markdown(tables: list[dict]) -> str:
     out = []
     for t in tables:
-        head = ["Method", *[h for _, h in COLUMNS]]
+        head = ["Method", *HEADERS]
         lines = [f"### {t['title']}", "", "| " + " | ".join(head) + " |",
-                 "|" + "|".join(["---"] + ["---:"] * len(COLUMNS)) + "|"]
+                 "|" + "|".join(["---"] + ["---:"] * len(HEADERS)) + "|"]
         for r in t["rows"]:
-            cells = [_row_label(r), *[format_value(k, r.get(k), r.get(f"{k}_std")) for k in VALUE_KEYS]]
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append("| " + " | ".join(_cells(r)) + " |")
         note = _footnote(t)
         if note:
             lines += ["", note + "."]
@@ -309,10 +325,10 @@ def to_latex(tables: list[dict]) -> str:
     out = []
     for t in tables:
         lines = ["\\begin{table}[t]", "\\centering", "\\small",
-                 "\\begin{tabular}{l" + "r" * len(COLUMNS) + "}", "\\toprule",
-                 "Method & " + " & ".join(_tex(h) for _, h in COLUMNS) + " \\\\", "\\midrule"]
+                 "\\begin{tabular}{l" + "r" * len(HEADERS) + "}", "\\toprule",
+                 "Method & " + " & ".join(_tex(h) for h in HEADERS) + " \\\\", "\\midrule"]
         for r in t["rows"]:
-            cells = [_row_label(r), *[format_value(k, r.get(k), r.get(f"{k}_std")) for k in VALUE_KEYS]]
+            cells = _cells(r)
             lines.append(" & ".join(_tex(c).replace("x", "$\\times$") if i else _tex(c)
                                     for i, c in enumerate(cells)) + " \\\\")
         lines += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{_tex(t['title'])}. {_tex(_footnote(t))}}}",
@@ -322,7 +338,7 @@ def to_latex(tables: list[dict]) -> str:
 
 
 CSV_FIELDS = [*TABLE_KEYS, "method", "label", "source", "n",
-              *[c for k in VALUE_KEYS for c in (k, f"{k}_std")]]
+              *[c for k in VALUE_KEYS for c in (k, f"{k}_std")], "speedup_ci_lo", "speedup_ci_hi"]
 
 
 def to_csv_rows(tables: list[dict]) -> list[dict]:
