@@ -27,6 +27,7 @@ class Target:
     model_name: str = ""
     dtype_name: str | None = None
     hardware_curve: Any = None  # the run's cost curve t(w) (specbench/hardware/cost.py), if any
+    sampler: Any = None  # the run's PositionSampler when sampling (rebound per question and turn), else None
 
 
 TARGET_FACTS = tuple(f.name for f in dataclasses.fields(Target))

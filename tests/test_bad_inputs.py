@@ -50,7 +50,7 @@ CASES = [
      r"scripts/profile_cost.py --compile", "in-process"),
     ("unknown compile_products", ["compile_products=fast"],
      r"compile_products must be one of auto, packed, inductor, got 'fast'", "in-process"),
-    ("unknown dtype", ["dtype=float64"], r"unknown dtype 'float64'. Valid dtypes: float32, float16, bfloat16", "in-process"),
+    ("unknown dtype", ["dtype=float64"], r"unknown dtype 'float64'. Valid dtypes: auto, float32, float16, bfloat16", "in-process"),
     ("task.per_subtask=0", ["task.per_subtask=0"], r"task.per_subtask must be at least 1, got 0", "in-process"),
     ("results_dir of other settings", ["results_dir={tmp}/other_run"],
      r"other_run holds answers made with other settings \{'temperature': \(0.7, 0.0\)\}; give another results_dir",

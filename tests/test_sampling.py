@@ -103,6 +103,7 @@ def small_vocab_drafter(method: str, model, tmp_path):
         "medusa": {"choices": [[0], [1], [0, 0]]},
         "samd": {"k": 4, "tree": tree, "max_draft": 3, "len_threshold": 1},
         "suffix": {"use_tree": True},
+        "sps": {"draft": "self:layers=1", "gamma": 2},
     }
     if method not in kwargs:
         raise AssertionError(f"method '{method}' is registered but this test does not know how to build it "

@@ -380,13 +380,15 @@ def load_target_and_drafters(run: Run) -> None:
     run.curve = run_cost_curve(cfg, run.model, run.engine)
     if run.curve is not None:
         run.curve.save(run.out_dir / "cost_curve.json")
-    # Every drafter is offered the same facts about the target; each takes what it needs
+    # Every drafter is offered the same facts about the target; each takes what it needs (SpS's coupled
+    # draft the sampler, to draw its tokens with the target's position-keyed noise)
+    run.sampler = make_sampler(cfg)
     target = Target(vocab_size=run.model.get_output_embeddings().weight.shape[0], device=device, model=run.model,
-                    model_name=cfg["model"]["name"], dtype_name=cfg["dtype"], hardware_curve=run.curve)
+                    model_name=cfg["model"]["name"], dtype_name=cfg["dtype"], hardware_curve=run.curve,
+                    sampler=run.sampler)
     cls = drafter_class(run.method)
     run.drafter = cls(target, cls.Settings(**method_params(cfg)))
     run.ar = build_drafter("ar")
-    run.sampler = make_sampler(cfg)
 
 
 def answer_questions(run: Run, baseline) -> None:
