@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 import run as cli
 from specbench.benchmark import runner
 from specbench.errors import SettingsError
-from specbench.inputs.models import resolve_device
+from specbench.inputs.models import resolve_device, run_dtype
 from specbench.registry import available_methods, drafter_class
 from tests.test_config import CONF
 
@@ -82,7 +82,9 @@ def make_inputs(tmp: Path) -> None:
     (tmp / "other_run").mkdir()  # as a run of the defaults at temperature 0.7 leaves it
     with initialize_config_dir(config_dir=CONF, version_base=None):
         other = OmegaConf.to_container(compose("config", overrides=["temperature=0.7"]), resolve=True)
-    other.update(max_new_tokens=other["task"]["max_new_tokens"], device=str(resolve_device("auto")))
+    device = resolve_device("auto")
+    other.update(max_new_tokens=other["task"]["max_new_tokens"], device=str(device),
+                 dtype=run_dtype(other["dtype"], device, other["model"]))  # as prepared_settings resolves it
     identity = runner.run_identity(other)
     (tmp / "other_run" / "run_config.json").write_text(json.dumps({"identity": identity}))
     (tmp / "garbage_store").mkdir()

@@ -19,6 +19,6 @@ def test_results_notebook_executes(monkeypatch):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(str(o.get("data", {}).get("text/markdown", "")) for o in outputs)
-    assert "| Method | MT | Translation | Summarization | QA | Math | RAG | MAT | tokens/s | Overall |" in text
+    assert "| Method | MT | Translation | Summarization | QA | Math | RAG | MAT | Acc. rate | tokens/s | Overall | 95% CI |" in text
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 9  # 4 plots x 2 temperatures + speedup against temperature
