@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -307,7 +308,8 @@ def test_dtype_auto_is_float32_on_the_cpu_and_float16_for_a_gguf_model_on_a_gpu(
 
 
 def test_the_gpu_sweep_runs_every_method_eager_and_compiled_on_the_largest_model_in_float16():
-    env = {**os.environ, "DRY_RUN": "1", "QUESTIONS": str(ROOT / "tests/fixtures/spec_bench_sample.jsonl")}
+    env = {**os.environ, "DRY_RUN": "1", "QUESTIONS": str(ROOT / "tests/fixtures/spec_bench_sample.jsonl"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # this venv's python
     done = subprocess.run(["bash", "scripts/gpu_sweep.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     runs = [line for line in done.stdout.splitlines() if line.startswith("+ python run.py")]
