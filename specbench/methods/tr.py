@@ -178,7 +178,7 @@ class TokenRecycling(Drafter):
         """prefill_update: a row for every prompt token; a token seen twice keeps its last row."""
         last = {t: i for i, t in enumerate(prompt.tolist())}
         at = to_device(list(last.values()), logits.device, torch.long)
-        self._write(to_device(list(last), self.device, torch.long), logits[at])
+        self._write(to_device(list(last), self.device, torch.long), logits[at], duplicates=False)
 
     def _count(self, outcome: StepOutcome) -> None:
         """Per-node and matrix statistics, before the matrix learns from this step. With a chosen
@@ -206,26 +206,28 @@ class TokenRecycling(Drafter):
             tokens = torch.cat([root, draft.tokens.to(self.device)])[rows.to(self.device)]
             self._write(tokens, outcome.logits[rows])
 
-    def _write(self, tokens: torch.Tensor, logits: torch.Tensor):
+    def _write(self, tokens: torch.Tensor, logits: torch.Tensor, duplicates: bool = True):
         """Rows `tokens` of the matrix <- the top-k of `logits` (one row each); a token on several
         rows gets its last row's. Returns (the top-k, each row's last row of its token)."""
         top = logits.topk(self.k, dim=-1)
-        last = last_occurrence(tokens, self.matrix.shape[0])
+        last = last_occurrence(tokens) if duplicates else torch.arange(tokens.numel(), device=tokens.device)
         self.matrix[tokens] = top.indices[last].to(device=self.device, dtype=torch.int32)
         self.written[tokens] = True
         return top, last
 
 
-def last_occurrence(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def last_occurrence(tokens: torch.Tensor) -> torch.Tensor:
     """For each position i, the last position holding the token tokens[i].
 
     A write `matrix[tokens] = rows` with a token on several rows leaves which row wins to the device:
     the CPU keeps the last, CUDA's index_put_ any of them (a row can even mix two). Gathering every
     duplicate's value from the same last row first makes all writes of a token carry one value, so
-    their order no longer matters. Found with scatter_reduce's amax, deterministic on every device."""
+    their order no longer matters. A step writes at most a tree's rows, so the (rows x rows) comparison
+    is cheaper than anything vocabulary-sized (the prompt's rows, which can be thousands, are written
+    without duplicates and skip it), and the same on every device."""
     order = torch.arange(tokens.numel(), device=tokens.device)
-    last = torch.full((vocab_size,), -1, dtype=torch.long, device=tokens.device)
-    return last.scatter_reduce(0, tokens, order, reduce="amax")[tokens]
+    same = tokens[:, None] == tokens[None, :]
+    return torch.where(same, order[None, :], -1).amax(dim=1)
 
 
 @dataclass
@@ -439,8 +441,8 @@ class AdaptiveTokenRecycling(TokenRecycling):
         tree, index = self._subtree(nodes)
         return Draft(tokens=tokens[index], tree=tree)
 
-    def _write(self, tokens: torch.Tensor, logits: torch.Tensor):
-        top, last = super()._write(tokens, logits)
+    def _write(self, tokens: torch.Tensor, logits: torch.Tensor, duplicates: bool = True):
+        top, last = super()._write(tokens, logits, duplicates)
         if self.confidence:  # the model's probability of each recycled candidate, kept beside it
             logp = top.values.float() - logits.float().logsumexp(dim=-1, keepdim=True)
             self.probs[tokens] = logp[last].exp()
