@@ -158,8 +158,10 @@ class Drafter:
         """Return a draft for this step, or None for a plain autoregressive step."""
         return None
 
-    def observe_prefill(self, last_hidden: torch.Tensor) -> None:
-        """With needs_hidden_states: the last layer's hidden state at the prompt's last position."""
+    def observe_prefill(self, hidden: torch.Tensor) -> None:
+        """With needs_hidden_states: the last layer's hidden states at every prompt row (rows, hidden;
+        the last row chose the first token). Work done on them belongs in the first `propose`, which
+        the turn's time includes."""
 
     def observe_prompt(self, prompt: torch.Tensor, logits: torch.Tensor) -> None:
         """With needs_prompt_logits: the prompt's tokens (CPU) and the target's logits at every

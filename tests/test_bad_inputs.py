@@ -61,6 +61,8 @@ CASES = [
      r"REST datastore '.*garbage_store': meta.json is unreadable .*build_rest_datastore.py", "in-process"),
     ("wrong Medusa heads dir", ["method=medusa", "method.heads={tmp}/not_heads"],
      r"Medusa heads directory '.*not_heads' has no config.json .*method.heads=<dir>", "in-process"),
+    ("wrong EAGLE head dir", ["method=eagle", "method.head={tmp}/not_heads"],
+     r"EAGLE head directory '.*not_heads' has no config.json; pass method.head=<dir>", "in-process"),
     ("missing model path", ["model=hf", "model.path=/nonexistent"],
      r"model.path '/nonexistent' not found; give a local model directory or a hub id", "in-process"),
     ("misspelt method setting", ["method=tr", "method.nonexistent=1"],

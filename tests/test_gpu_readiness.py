@@ -30,8 +30,10 @@ COPY_PROMPT = [{"role": "user", "content": "Repeat this list exactly, twice: app
 # Synchronisations per greedy step: the accepted path coming back (every method), and for tr_fused the
 # template's tokens read for merging the retrieval chain (steps with a match only). The others: what
 # their method reads on the host each step (Lookahead its Jacobi window's guesses and the root's row,
-# REST and PLD nothing beyond the path: their drafts go to the device in one queued copy).
-BUDGET = {"ar": 1, "tr": 1, "tr_fused": 2, "tr_adaptive": 1, "pld": 1, "rest": 1, "medusa": 1, "lookahead": 3}
+# REST and PLD nothing beyond the path: their drafts go to the device in one queued copy; EAGLE-2 its
+# candidates' confidences, to build the tree it keeps).
+BUDGET = {"ar": 1, "tr": 1, "tr_fused": 2, "tr_adaptive": 1, "pld": 1, "rest": 1, "medusa": 1, "lookahead": 3,
+          "eagle": 2}
 # accelerator defaults where they differ from the CPU's: no per-step confidences
 ACCELERATOR_SETTINGS = {"tr_adaptive": {"confidence": False}, "tr_fused": {"confidence": False},
                         # the prompt's rows in the matrix: TR's trees are accepted deep from the start

@@ -44,6 +44,8 @@ def _greedy_property(name: str, drafter, outs) -> None:
         assert mat > 1.15, f"TR's recycled drafts are accepted on real text (MAT {mat:.2f})"
     if name == "medusa":  # untrained heads are right 1-2% of the time: MAT about 1.01
         assert mat > 1.15, f"the embedded Medusa heads predict (MAT {mat:.2f})"
+    if name == "eagle":  # the embedded head drafts from the target's features: deep trees accepted
+        assert mat > 1.3, f"the embedded EAGLE head predicts (MAT {mat:.2f})"
     if name == "lookahead":  # pool n-grams were accepted, not only the stand-in guess
         assert sum(lengths) - len(lengths) > drafter.stats["stand_in_accepted"]
     if name == "rest":  # more rows than one 10-token chain: the retrieved continuations form a tree

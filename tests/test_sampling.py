@@ -104,6 +104,7 @@ def small_vocab_drafter(method: str, model, tmp_path):
         "samd": {"k": 4, "tree": tree, "max_draft": 3, "len_threshold": 1},
         "suffix": {"use_tree": True},
         "sps": {"draft": "self:layers=1", "gamma": 2},
+        "eagle": {"total_tokens": 6, "depth": 2, "top_k": 2},
     }
     if method not in kwargs:
         raise AssertionError(f"method '{method}' is registered but this test does not know how to build it "
@@ -121,6 +122,13 @@ def small_vocab_drafter(method: str, model, tmp_path):
                 p.normal_(0, 0.5)  # not the zero-init identity: the heads should guess differently
         save_heads(heads, tmp_path / "medusa", dtype=torch.float32)
         kwargs["medusa"]["heads"] = str(tmp_path / "medusa")
+    if method == "eagle":
+        from specbench.methods.eagle_head import EagleHead, HeadConfig, save_head
+
+        torch.manual_seed(6)
+        head = EagleHead(HeadConfig.for_target(model.config))
+        save_head(head, tmp_path / "eagle", dtype=torch.float32)
+        kwargs["eagle"]["head"] = str(tmp_path / "eagle")
     return build_drafter(method, vocab_size=6, device="cpu", model=model, model_name="small-vocab",
                          dtype_name="float32", **kwargs[method])
 

@@ -206,7 +206,7 @@ class Engine:
             drafter.observe_prompt(buf[:cur], rows)
         t_prefill = now(dev) - t0
         if want_hidden:
-            drafter.observe_prefill(out.hidden_states[-1][0, -1:])
+            drafter.observe_prefill(out.hidden_states[-1][0])
         buf[cur] = first
         cur += 1
         new = [first]
