@@ -1,0 +1,336 @@
+"""Batched speculative decoding: several requests, one model forward per step over all their rows.
+
+Each request keeps what `Engine.generate` gives a turn (its prompt, drafter, sampler, budget and
+accepted path); what they share is one `DynamicCache` whose batch dimension holds one slot per
+request being decoded. Slot b's valid prefix is columns [0, len_b); the cache itself is as long as
+the longest slot, L = max len_b, so a shorter slot has holes [len_b, L) that its rows never see.
+
+A step appends every slot's rows (root, draft nodes, extra rows, padded to the step's widest row
+count R) at columns [L, L + R), verifies each slot on its own, then moves each slot's kept rows
+(root + accepted path) down to [len_b, len_b + kept) with one gather per layer and crops the cache
+to the new max len_b. Requests are admitted as slots free up (continuous batching), each prefilled
+alone (batch 1, exactly as Engine.generate) and copied into its slot.
+
+Eager forward only: the compiled forward's static cache is built for one request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from transformers import DynamicCache
+
+from specbench.decoding.engine import Engine, greedy_targets
+from specbench.decoding.kv_cache import with_cache
+from specbench.decoding.transfers import to_device
+from specbench.decoding.verify import accepted_path
+from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
+from specbench.hardware.timing import now
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    drafter: Drafter | Callable[[], Drafter] | None = None  # an instance, a factory, or None (AR)
+    sampler: Callable | None = None  # sampler(logits, positions) -> tokens; None: greedy
+    arrival: float = 0.0  # seconds after generate() starts
+
+
+@dataclass
+class RequestRecord:
+    tokens: list[int] = field(default_factory=list)  # new tokens, EOS included if produced
+    accept_lengths: list[int] = field(default_factory=list)
+    step_rows: list[int] = field(default_factory=list)  # this request's real rows in each step
+    decoding_steps: int = 0
+    arrival: float = 0.0
+    admitted: float = 0.0  # prefill start; all times in seconds since generate() started
+    first_token: float = 0.0
+    finished: float = 0.0
+    slot: int = -1  # the batch row it was admitted to (-1: finished by its prefill); rows shift down
+    # when free ones are dropped
+
+
+@dataclass
+class BatchStep:
+    rows: int  # rows the forward computed: slots x the widest slot's rows, padding included
+    real_rows: int  # rows that belong to a request
+    active: int  # requests in the forward
+    time: float  # wall seconds of the step
+
+
+@dataclass
+class BatchResult:
+    records: list[RequestRecord]  # in the order the requests were given
+    steps: list[BatchStep]
+    wall_time: float
+
+
+@dataclass
+class _Slot:
+    """A request being decoded."""
+
+    request: Request
+    drafter: Drafter
+    select: Callable
+    buf: torch.Tensor  # prompt + output on the host, as DecodeState wants it
+    cur: int
+    record: RequestRecord
+    key: int  # the request's index: what a speculation policy keys its estimates by
+
+
+class BatchedEngine:
+    def __init__(self, model, eos_token_ids: list[int]):
+        # the single-request engine lends its per-tree device tensors and its mask settings
+        self.engine = Engine(model, eos_token_ids)
+        self.model = self.engine.model
+        self.device = self.engine.device
+        self.eos = frozenset(self.engine.eos)
+
+    @torch.inference_mode()
+    def generate(self, requests: list[Request], max_batch: int, policy=None) -> BatchResult:
+        """Decode `requests`, at most `max_batch` at once, each admitted once its arrival time has passed.
+        `policy` (hardware/batch_goodput.py) may cut each step's drafts to sub-trees; None keeps them whole."""
+        self.policy = policy
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        drafters = [r.drafter for r in requests if isinstance(r.drafter, Drafter)]
+        if len({id(d) for d in drafters}) != len(drafters):
+            raise ValueError("two requests share one drafter instance; give each its own (or a factory)")
+        for r in requests:
+            if r.max_new_tokens < 1:
+                raise ValueError(f"max_new_tokens must be at least 1, got {r.max_new_tokens}")
+        records = [RequestRecord(arrival=r.arrival) for r in requests]
+        waiting = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival))
+        # slot b: self.slots[b] (None: free) with valid length self.lens[b]; the cache's batch row b
+        self.cache, self.slots, self.lens = None, [], []
+        steps: list[BatchStep] = []
+        t0 = now(self.device)
+        while True:
+            # a finished request's slot goes to the next arrived request before the next step
+            # (arrivals against the host clock: no device synchronisation needed to compare them)
+            while (waiting and sum(s is not None for s in self.slots) < max_batch
+                   and requests[waiting[0]].arrival <= time.perf_counter() - t0):
+                i = waiting.popleft()
+                self._admit(requests[i], records[i], t0, i)
+            if None in self.slots:  # nobody to take them: free rows would cost every step
+                self._drop_free_slots()
+            if not self.slots:
+                if not waiting:
+                    break
+                time.sleep(max(0.0, requests[waiting[0]].arrival - (time.perf_counter() - t0)))
+                continue
+            steps.append(self._step())
+            for b, s in enumerate(self.slots):
+                if self._done(s):
+                    s.record.finished = now(self.device) - t0
+                    self.slots[b] = None
+                    if self.policy is not None:
+                        self.policy.forget(s.key)
+        return BatchResult(records=records, steps=steps, wall_time=now(self.device) - t0)
+
+    def _done(self, s: _Slot) -> bool:
+        return len(s.record.tokens) >= s.request.max_new_tokens or s.record.tokens[-1] in self.eos
+
+    # -- admission: prefill alone, then copy the prompt's KV into a slot --------------------------------
+
+    def _admit(self, request: Request, record: RequestRecord, t0: float, key: int) -> None:
+        d = request.drafter
+        drafter = d if isinstance(d, Drafter) else (d() if d is not None else Drafter())
+        select = request.sampler or greedy_targets
+        n = len(request.prompt_ids)
+        buf = torch.empty(n + request.max_new_tokens + 1, dtype=torch.long)
+        buf[:n] = torch.tensor(request.prompt_ids, dtype=torch.long)
+        want_hidden, want_prompt = drafter.needs_hidden_states, drafter.needs_prompt_logits
+
+        record.admitted = now(self.device) - t0
+        own = DynamicCache()
+        out = self.model(input_ids=buf[:n][None].to(self.device), **with_cache(self.model, own), use_cache=True,
+                         logits_to_keep=1, output_hidden_states=want_hidden or want_prompt)
+        first = int(torch.as_tensor(select(out.logits[0, -1:], torch.full((1,), n - 1)))[0])
+        if want_prompt:  # as Engine.generate: the last row stays the one that chose the first token
+            head = self.model.get_output_embeddings()
+            drafter.observe_prompt(buf[:n], torch.cat([head(out.hidden_states[-1][0, :-1]), out.logits[0, -1:]]))
+        if want_hidden:
+            drafter.observe_prefill(out.hidden_states[-1][0])
+        record.first_token = now(self.device) - t0
+        buf[n] = first
+        record.tokens.append(first)
+        slot = _Slot(request, drafter, select, buf, n + 1, record, key)
+        if self._done(slot):  # EOS or a budget of one: decided by the prefill alone
+            record.finished = record.first_token
+            return
+        b = self.slots.index(None) if None in self.slots else len(self.slots)
+        self._place(own, n, b)
+        record.slot = b
+        if b == len(self.slots):
+            self.slots.append(slot)
+            self.lens.append(n)
+        else:
+            self.slots[b], self.lens[b] = slot, n
+
+    def _place(self, own: DynamicCache, n: int, b: int) -> None:
+        """Copy a prompt's n prefilled rows (batch-1 cache `own`) into batch row b, growing the cache
+        by a row (b == its batch size) or by columns (a prompt longer than the cache) when needed.
+        A reused row keeps its last request's rows past n: finite, and masked as holes."""
+        if self.cache is None:
+            self.cache = own  # the first slot is the prompt's own cache
+            return
+        for mine, theirs in zip(self.cache.layers, own.layers):
+            for name in ("keys", "values"):
+                big, new = getattr(mine, name), getattr(theirs, name)
+                rows, heads, cols, dim = big.shape
+                if b == rows or n > cols:
+                    # zeros, not empty: a hole's weight is exactly 0 after the softmax, but 0 * NaN is not
+                    grown = big.new_zeros(max(rows, b + 1), heads, max(cols, n), dim)
+                    grown[:rows, :, :cols] = big
+                    big = grown
+                big[b, :, :n] = new[0]
+                setattr(mine, name, big)
+
+    def _drop_free_slots(self) -> None:
+        keep = [b for b, s in enumerate(self.slots) if s is not None]
+        self.slots = [self.slots[b] for b in keep]
+        self.lens = [self.lens[b] for b in keep]
+        if not keep:
+            self.cache = None
+            return
+        idx, top = to_device(keep, self.device, torch.long), max(self.lens)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, idx)[..., :top, :]
+            layer.values = layer.values.index_select(0, idx)[..., :top, :]
+
+    # -- one batched step --------------------------------------------------------------------------------
+
+    def _step(self) -> BatchStep:
+        t_start = time.perf_counter()
+        dev, eng = self.device, self.engine
+        slots, lens = self.slots, self.lens
+        B, L = len(slots), self.cache.get_seq_length()
+        drafts: list[Draft | None] = []
+        for s in slots:
+            draft = s.drafter.propose(DecodeState(tokens=s.buf[: s.cur], prompt_len=len(s.request.prompt_ids),
+                                                  step=s.record.decoding_steps))
+            drafts.append(None if draft is not None and len(draft.tree) == 0 else draft)
+        if self.policy is not None:
+            drafts = self.policy.choose(drafts, [s.key for s in slots])
+        n_rows = [1 if d is None else d.tree.size + d.n_extra for d in drafts]
+        R = max(n_rows)
+
+        # Rows past a slot's own count are padding: token 0 at the root's position, seeing the
+        # prefix and itself like a root would (so its softmax is finite); no row sees a padding row.
+        ids = torch.zeros(B, R, dtype=torch.long, device=dev)
+        roots = [s.record.tokens[-1] for s in slots]
+        ids[:, 0] = to_device(roots, dev, torch.long)  # the host sends the roots
+        depths = torch.zeros(B, R, dtype=torch.long, device=dev)
+        vis = torch.eye(R, dtype=torch.bool, device=dev).repeat(B, 1, 1)
+        for b, draft in enumerate(drafts):
+            if draft is None:
+                continue
+            tt, n = eng.tree_tensors(draft.tree), draft.tree.size
+            ids[b, 1:n] = to_device(draft.tokens, dev)
+            depths[b, :n] = tt.depths
+            vis[b, :n, :n] = tt.ancestors
+            if draft.n_extra:  # extra rows see what the drafter says; tree rows never see them
+                e = n + draft.n_extra
+                ids[b, n:e] = to_device(draft.extra_tokens, dev)
+                depths[b, n:e] = to_device(draft.extra_depths, dev)
+                vis[b, n:e, :e] = to_device(draft.extra_visibility, dev)
+        lens_d = to_device(lens, dev, torch.long)
+        pos = lens_d[:, None] + depths
+        want_hidden = any(s.drafter.needs_hidden_states for s in slots)
+        out = self.model(input_ids=ids, position_ids=pos, **with_cache(self.model, self.cache), use_cache=True,
+                         attention_mask=self._mask(lens_d, pos, vis, L), output_hidden_states=want_hidden)
+
+        # Verify each slot on its own rows; every slot's path and tokens come back in one copy.
+        pieces, verified = [], []
+        for b, (s, draft) in enumerate(zip(slots, drafts)):
+            logits = out.logits[b, : n_rows[b]]
+            if draft is None:
+                targets = torch.as_tensor(s.select(logits[:1], torch.full((1,), lens[b])), device=dev)
+                pieces.append(targets[:1])
+                continue
+            size = draft.tree.size
+            # host positions: a sampler keys its noise by them without reading the device
+            targets = torch.as_tensor(s.select(logits[:size], lens[b] + draft.tree.depths), device=dev)
+            if not s.drafter.lossless:
+                targets = s.drafter.override_targets(draft, logits[:size], targets)
+            path = accepted_path(eng.tree_tensors(draft.tree), ids[b, 1:size], targets)
+            pieces.append(torch.cat([path, targets[path]]))  # as Engine._verify
+        host = torch.cat(pieces).tolist()  # the step's one device-to-host copy
+        at = 0
+        for draft, piece in zip(drafts, pieces):
+            if draft is None:
+                verified.append(([], host[at : at + 1]))
+            else:
+                depth = draft.tree.max_depth + 1
+                h = host[at : at + 2 * depth]
+                accepted = [a for a in h[1:depth] if a]
+                verified.append((accepted, h[depth : depth + len(accepted) + 1]))
+            at += piece.numel()
+
+        self._compact(L, [accepted for accepted, _ in verified])
+        for b, (s, draft, (accepted, emitted)) in enumerate(zip(slots, drafts, verified)):
+            bonus, new = emitted[-1], s.record.tokens
+            for i, tok in enumerate(emitted):  # stop at EOS or the budget, whichever comes first
+                if tok in self.eos or len(new) + i + 1 >= s.request.max_new_tokens:
+                    emitted = emitted[: i + 1]
+                    break
+            s.buf[s.cur : s.cur + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+            s.cur += len(emitted)
+            new.extend(emitted)
+            s.record.accept_lengths.append(len(emitted))
+            s.record.step_rows.append(n_rows[b])
+            s.record.decoding_steps += 1
+            if self.policy is not None:
+                self.policy.observe(s.key, draft, accepted)
+            hidden = out.hidden_states[-1][b, : n_rows[b]] if s.drafter.needs_hidden_states else None
+            s.drafter.observe(StepOutcome(draft=draft, root=roots[b], logits=out.logits[b, : n_rows[b]],
+                                          accepted=accepted, bonus=bonus, hidden_states=hidden, emitted=emitted))
+        # perf_counter without a sync: the .tolist() above has waited for the forward already
+        return BatchStep(rows=B * R, real_rows=sum(n_rows), active=B, time=time.perf_counter() - t_start)
+
+    def _mask(self, lens: torch.Tensor, pos: torch.Tensor, vis: torch.Tensor, L: int):
+        """(B, 1, R, L + R) additive mask: slot b's rows see its prefix [0, len_b) (not its holes) and,
+        among the new columns, what `vis` allows; a dict per layer type on sliding-window models."""
+        B, R = pos.shape
+        cols = torch.arange(L, device=lens.device)
+        allowed = torch.empty(B, R, L + R, dtype=torch.bool, device=lens.device)
+        allowed[:, :, :L] = cols[None, None, :] < lens[:, None, None]
+        allowed[:, :, L:] = vis
+
+        def additive(ok: torch.Tensor) -> torch.Tensor:
+            dtype = self.engine.mask_dtype
+            return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill_(~ok, torch.finfo(dtype).min)[:, None]
+
+        window = self.engine.sliding_window
+        if window is None:
+            return additive(allowed)
+        sliding = allowed.clone()  # a prefix column j holds position j in every slot
+        sliding[:, :, :L] &= cols[None, None, :] > pos[:, :, None] - window
+        return {"full_attention": additive(allowed), "sliding_attention": additive(sliding)}
+
+    def _compact(self, L: int, accepted: list[list[int]]) -> None:
+        """Move each slot's root and accepted rows from [L, L + R) to [len_b, ...), then crop."""
+        batch, src, dst = [], [], []
+        for b, acc in enumerate(accepted):
+            keep = [0] + acc
+            batch += [b] * len(keep)
+            src += [L + r for r in keep]
+            dst += range(self.lens[b], self.lens[b] + len(keep))
+            self.lens[b] += len(keep)
+        if src != dst:  # else every slot's rows are in place already: a crop is enough
+            idx = to_device([batch, src, dst], self.device, torch.long)
+            for layer in self.cache.layers:
+                # the gather copies before the scatter writes, so overlapping rows are safe; the layer
+                # owns its tensors (every update concatenates into a new one), so writing is too
+                layer.keys[idx[0], :, idx[2]] = layer.keys[idx[0], :, idx[1]]
+                layer.values[idx[0], :, idx[2]] = layer.values[idx[0], :, idx[1]]
+        top = max(self.lens)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[..., :top, :]
+            layer.values = layer.values[..., :top, :]

@@ -1,0 +1,208 @@
+"""How much to speculate when several requests share a forward (SmartSpec, arXiv 2406.14066, for trees).
+
+A batched step pads every request's rows to the widest one (decoding/batched.py), so its cost is
+t(B, R): B requests of R rows each. A request b whose R - 1 most likely draft nodes have acceptance
+probabilities p_b(1) >= p_b(2) >= ... emits on average 1 + sum_{i < R} p_b(i) tokens, so the step's
+goodput is
+
+    G(R) = sum_b (1 + sum_{i < R} p_b(i)) / t(B, R)
+
+and the policy verifies, each step, the R that maximises it (R = 1: every request decodes plainly,
+which is batched AR). Each request then keeps its R - 1 best nodes, a parent-closed sub-tree (p is
+non-increasing down every path). p comes from per-request decayed rates of acceptance given the
+parent was accepted, by (depth, sibling rank) (`RateTable`), so the policy works for any tree method.
+
+`BatchCost` is t(B, R) measured on the batched forward (`measure_batch_cost`), interpolated in R and
+in B. `FixedSpeculation` keeps every draft whole: what a serving engine does with a fixed
+speculation length.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from specbench.decoding.transfers import to_device
+from specbench.decoding.tree import DraftTree
+from specbench.drafter import Draft
+from specbench.hardware.goodput import RateTable, monotone_down, path_probabilities, subtree_parents
+from specbench.hardware.timing import now
+
+MAX_DEPTH, MAX_RANK = 16, 4  # rate cells: depth 1..16 (deeper shares 16's) x sibling rank 0..3 (more shares 3)
+
+
+@dataclass
+class BatchCost:
+    """t(B, R): median seconds of one batched forward of B requests x R rows after `context_len` cached tokens."""
+
+    batches: list[int]
+    rows: list[int]
+    times: list[list[float]]  # times[i][j]: batches[i] requests, rows[j] rows each
+    context_len: int = 0
+    device: str = ""
+    created: str = ""
+
+    def t(self, batch: int, rows: int) -> float:
+        """Piecewise-linear in R, then in B; past the measured range, linear from the last two points."""
+        def interp(xs, ys, x):
+            if len(xs) == 1:
+                return ys[0] * x / xs[0]
+            i = max(1, min(len(xs) - 1, next((k for k, v in enumerate(xs) if v >= x), len(xs) - 1)))
+            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+        per_batch = [interp(self.rows, row_times, rows) for row_times in self.times]
+        return max(1e-9, interp(self.batches, per_batch, batch))
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BatchCost":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+@torch.inference_mode()
+def measure_batch_cost(model, batches=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8, 16, 32, 64), context_len: int = 256,
+                       repeats: int = 3) -> BatchCost:
+    """Time the batched forward as BatchedEngine runs it: B slots of `context_len` cached random tokens,
+    R rows each (a chain), the additive mask it builds. Seeded random tokens: every profile times the
+    same work."""
+    from transformers import DynamicCache
+
+    from specbench.decoding.kv_cache import with_cache
+
+    dev = model.device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(0)
+    dtype = model.dtype
+    times = []
+    for b in batches:
+        prefix = torch.randint(0, vocab, (b, context_len), generator=g).to(dev)
+        cache = DynamicCache()
+        model(input_ids=prefix, **with_cache(model, cache), use_cache=True, logits_to_keep=1)
+        row_times = []
+        for r in rows:
+            ids = torch.randint(0, vocab, (b, r), generator=g).to(dev)
+            pos = context_len + torch.arange(r, device=dev).expand(b, r)
+            ok = torch.ones(r, context_len + r, dtype=torch.bool, device=dev).tril(context_len)
+            mask = torch.zeros(b, 1, r, context_len + r, dtype=dtype, device=dev).masked_fill_(
+                ~ok, torch.finfo(dtype).min)
+            samples = []
+            for rep in range(repeats + 1):
+                t0 = now(dev)
+                model(input_ids=ids, position_ids=pos, attention_mask=mask, **with_cache(model, cache), use_cache=True)
+                dt = now(dev) - t0
+                cache.crop(-r)  # a negative count removes the step's rows, in every transformers 5.x
+                if rep:  # the first is a warm-up
+                    samples.append(dt)
+            row_times.append(statistics.median(samples))
+        times.append(row_times)
+    return BatchCost(batches=list(batches), rows=list(rows), times=times, context_len=context_len,
+                     device=str(dev), created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+def best_row_budget(sorted_p: list[list[float]], cost: BatchCost, max_rows: int) -> int:
+    """argmax_R sum_b (1 + sum(sorted_p[b][:R - 1])) / t(B, R) over R = 1 .. max_rows (ties: fewer rows)."""
+    batch = len(sorted_p)
+    best_r, best_rate = 1, batch / cost.t(batch, 1)
+    for r in range(2, max_rows + 1):
+        expected = sum(1.0 + sum(p[: r - 1]) for p in sorted_p)
+        rate = expected / cost.t(batch, r)
+        if rate > best_rate:
+            best_r, best_rate = r, rate
+    return best_r
+
+
+def node_cells(tree: DraftTree) -> list[int]:
+    """Each node's rate cell: (depth, rank among its siblings), capped."""
+    cells = []
+    for node in range(1, tree.size):
+        parent = tree.parents[node - 1]
+        rank = tree.children[parent].index(node)
+        depth = int(tree.depths[node])
+        cells.append((min(depth, MAX_DEPTH) - 1) * MAX_RANK + min(rank, MAX_RANK - 1))
+    return cells
+
+
+class FixedSpeculation:
+    """Every request verifies its drafter's whole draft (the padded batch costs the widest one)."""
+
+    name = "fixed"
+
+    def choose(self, drafts: list[Draft | None], keys: list) -> list[Draft | None]:
+        return drafts
+
+    def observe(self, key, draft: Draft | None, accepted: list[int]) -> None:
+        pass
+
+    def forget(self, key) -> None:
+        pass
+
+
+class BatchGoodput(FixedSpeculation):
+    """The row budget with the best expected tokens per second for the batch, each request's best nodes."""
+
+    name = "goodput"
+
+    def __init__(self, cost: BatchCost, max_rows: int = 64, prior_steps: float = 4.0, half_life: float = 200.0):
+        self.cost, self.max_rows = cost, max_rows
+        self.prior_steps, self.half_life = prior_steps, half_life
+        self.rates: dict = {}
+        self.last_budget = 1
+
+    def _table(self, key) -> RateTable:
+        if key not in self.rates:  # a weak prior: the top sibling accepted half the time, the others less
+            prior = [0.5 / (1 + r) for _ in range(MAX_DEPTH) for r in range(MAX_RANK)]
+            self.rates[key] = RateTable(prior, self.prior_steps, self.half_life)
+        return self.rates[key]
+
+    def choose(self, drafts: list[Draft | None], keys: list) -> list[Draft | None]:
+        ranked = []  # per request: (nodes by decreasing p, their p)
+        for draft, key in zip(drafts, keys):
+            if draft is None or draft.n_extra:  # extra rows (Lookahead's window) are not tree nodes
+                ranked.append(([], []))
+                continue
+            q = self._table(key).rates()
+            p = monotone_down(path_probabilities(draft.tree.parents, [q[c] for c in node_cells(draft.tree)]),
+                              draft.tree.parents)
+            order = sorted(range(len(p)), key=lambda i: (-p[i], i))
+            ranked.append(([i + 1 for i in order], [p[i] for i in order]))
+        widest = max((len(nodes) for nodes, _ in ranked), default=0) + 1
+        budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest))
+        self.last_budget = budget
+        out = []
+        for draft, (nodes, _) in zip(drafts, ranked):
+            if draft is None or draft.n_extra:
+                out.append(draft if budget > 1 else None)
+                continue
+            keep = sorted(nodes[: budget - 1])
+            if not keep:
+                out.append(None)
+                continue
+            index = to_device(torch.tensor([v - 1 for v in keep]), draft.tokens.device)
+            out.append(Draft(tokens=draft.tokens.index_select(0, index),
+                             tree=DraftTree(subtree_parents(keep, draft.tree.parents))))
+        return out
+
+    def observe(self, key, draft: Draft | None, accepted: list[int]) -> None:
+        """A trial for every drafted node whose parent was on the accepted path (the root always is)."""
+        if draft is None or draft.n_extra:
+            return
+        table = self._table(key)
+        on_path = {0, *accepted}
+        for node, cell in enumerate(node_cells(draft.tree), start=1):
+            if draft.tree.parents[node - 1] in on_path:
+                table.add(cell, node in on_path)
+        table.next_step()
+
+    def forget(self, key) -> None:
+        self.rates.pop(key, None)

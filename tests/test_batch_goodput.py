@@ -1,0 +1,70 @@
+"""The batch speculation policy (hardware/batch_goodput.py): the row budget, sub-trees, rates, and
+losslessness when it cuts drafts inside the batched engine."""
+
+from __future__ import annotations
+
+import torch
+
+from specbench.decoding.batched import BatchedEngine, Request
+from specbench.decoding.engine import Engine
+from specbench.decoding.tree import DraftTree
+from specbench.drafter import Draft
+from specbench.hardware.batch_goodput import (BatchCost, BatchGoodput, FixedSpeculation, best_row_budget,
+                                              measure_batch_cost, node_cells)
+from specbench.registry import build_drafter
+
+
+def flat_cost(per_row: float = 0.0, base: float = 1.0, batches=(1, 16), rows=(1, 64)) -> BatchCost:
+    """t(B, R) = base + per_row * B * R at the measured points (linear in between)."""
+    return BatchCost(batches=list(batches), rows=list(rows),
+                     times=[[base + per_row * b * r for r in rows] for b in batches])
+
+
+def test_the_cost_interpolates_in_rows_and_batches():
+    cost = BatchCost(batches=[1, 4], rows=[1, 9], times=[[1.0, 2.0], [2.0, 6.0]])
+    assert cost.t(1, 5) == 1.5 and cost.t(4, 1) == 2.0
+    assert abs(cost.t(2, 5) - (1.5 + (4.0 - 1.5) / 3)) < 1e-12
+    assert cost.t(1, 17) == 3.0  # past the last point: the last segment's slope
+
+
+def test_the_budget_speculates_where_rows_are_cheap_and_not_where_they_are_dear():
+    likely = [[0.9, 0.8, 0.7, 0.5]] * 4
+    assert best_row_budget(likely, flat_cost(0.0), 16) == 5  # free rows: every useful node
+    assert best_row_budget(likely, flat_cost(1.0, base=0.0), 16) == 1  # each row costs a plain step: none
+    # one request's hopeless drafts do not drag the others down, nor pull them up
+    assert best_row_budget([[0.0] * 4, [0.0] * 4], flat_cost(0.0), 16) == 1
+
+
+def test_each_request_keeps_its_most_likely_nodes_as_a_subtree():
+    policy = BatchGoodput(flat_cost(0.0))
+    tree = DraftTree([0, 0, 1, 3])  # 1, 2 under the root; 3 under 1; 4 under 3
+    draft = Draft(tokens=torch.tensor([11, 12, 13, 14]), tree=tree)
+    for _ in range(60):  # the top child and its chain are always accepted, the second child never
+        policy.observe("a", draft, [1, 3, 4])
+    p_first, p_second = policy._table("a").rates()[node_cells(tree)[0]], policy._table("a").rates()[node_cells(tree)[1]]
+    assert p_first > 0.9 and p_second < 0.2
+    policy.cost = BatchCost(batches=[1, 16], rows=[1, 4, 5], times=[[1.0, 1.0, 10.0]] * 2)  # a 5th row is dear
+    (chosen,) = policy.choose([draft], ["a"])
+    assert chosen.tokens.tolist() == [11, 13, 14] and list(chosen.tree.parents) == [0, 1, 2]
+    policy.cost = flat_cost(1.0, base=0.0)
+    assert policy.choose([draft], ["a"]) == [None]  # rows as dear as steps: plain decoding
+    assert FixedSpeculation().choose([draft], ["a"]) == [draft]
+
+
+def test_goodput_in_the_batched_engine_keeps_every_output(tiny_llama):
+    """Cutting drafts never changes a token: each request equals its single-request AR output."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (6, 14, 9)]
+    refs = [Engine(tiny_llama, []).generate(p, build_drafter("ar"), 24).tokens for p in prompts]
+    cost = BatchCost(batches=[1, 4], rows=[1, 8, 16], times=[[1.0, 1.1, 3.0], [1.0, 1.2, 4.0]])
+    policy = BatchGoodput(cost)
+    requests = [Request(p, 24, lambda: build_drafter("tr", vocab_size=97)) for p in prompts]
+    out = BatchedEngine(tiny_llama, []).generate(requests, 2, policy)
+    assert [r.tokens for r in out.records] == refs
+    assert max(s.rows for s in out.steps) <= 2 * 9  # never past the budget the cost curve allows
+    assert policy.rates == {}  # finished requests' estimates are dropped
+
+
+def test_the_batch_cost_is_measured_on_the_batched_forward(tiny_llama):
+    cost = measure_batch_cost(tiny_llama, batches=(1, 2), rows=(1, 4), context_len=16, repeats=1)
+    assert len(cost.times) == 2 and all(len(t) == 2 and min(t) > 0 for t in cost.times)
