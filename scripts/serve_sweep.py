@@ -57,8 +57,18 @@ def drafter_factory(method: str, model, cost: BatchCost):
     vocab = model.get_output_embeddings().weight.shape[0]
     # tr_fused/tr_adaptive choose their own trees from a batch-1 curve: the batched forward's at B = 1
     curve = CostCurve(widths=cost.rows, times=cost.times[cost.batches.index(1)] if 1 in cost.batches else cost.times[0])
-    return lambda: build_drafter(method, vocab_size=vocab, model=model, device=model.device,
-                                 model_name="smollm2-135m", dtype_name="float32", hardware_curve=curve)
+    first = []
+
+    def make():
+        d = build_drafter(method, vocab_size=vocab, model=model, device=model.device,
+                          model_name="smollm2-135m", dtype_name="float32", hardware_curve=curve)
+        if first:  # what the method learns across requests (TR's matrix) is one state for the batch
+            d.share_learned_state(first[0])
+        else:
+            first.append(d)
+        return d
+
+    return make
 
 
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:

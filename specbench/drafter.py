@@ -154,6 +154,11 @@ class Drafter:
         reaches a measured question. A drafter with state beyond the question overrides it."""
         self.start_question()
 
+    def share_learned_state(self, other: "Drafter") -> None:
+        """Batched decoding: learn into, and draft from, `other`'s state that spans requests (TR's
+        matrix), keeping what belongs to one request (a context, a window) apart. Default: nothing is
+        shared."""
+
     def propose(self, state: DecodeState) -> Draft | None:
         """Return a draft for this step, or None for a plain autoregressive step."""
         return None

@@ -9,6 +9,7 @@ from specbench.decoding.batched import BatchedEngine, Request
 from specbench.decoding.engine import Engine
 from specbench.decoding.tree import DraftTree
 from specbench.drafter import Draft
+from specbench.hardware.cost import CostCurve
 from specbench.hardware.batch_goodput import (BatchCost, BatchGoodput, FixedSpeculation, best_row_budget,
                                               measure_batch_cost, node_cells)
 from specbench.registry import build_drafter
@@ -68,3 +69,24 @@ def test_goodput_in_the_batched_engine_keeps_every_output(tiny_llama):
 def test_the_batch_cost_is_measured_on_the_batched_forward(tiny_llama):
     cost = measure_batch_cost(tiny_llama, batches=(1, 2), rows=(1, 4), context_len=16, repeats=1)
     assert len(cost.times) == 2 and all(len(t) == 2 and min(t) > 0 for t in cost.times)
+
+
+def test_tr_requests_in_a_batch_learn_into_one_matrix(tiny_llama):
+    """TR's matrix spans requests (share_learned_state); each request's output is still its AR output."""
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (7, 11, 5)]
+    refs = [Engine(tiny_llama, []).generate(p, build_drafter("ar"), 20).tokens for p in prompts]
+    made = []
+
+    def make():
+        d = build_drafter("tr_adaptive", vocab_size=97, confidence=True,
+                          hardware_curve=CostCurve(widths=[1, 128], times=[1.0, 1.0]))
+        if made:
+            d.share_learned_state(made[0])
+        made.append(d)
+        return d
+
+    out = BatchedEngine(tiny_llama, []).generate([Request(p, 20, make) for p in prompts], 3)
+    assert [r.tokens for r in out.records] == refs
+    assert all(d.matrix is made[0].matrix and d.probs is made[0].probs for d in made)
+    assert bool(made[0].written.any())
