@@ -37,6 +37,14 @@ def test_task_selection_is_part_of_the_directory():
     assert str(results_dir_for(c, "pld")) == "results/smollm2-135m/spec_bench-qa+rag-ps2/pld-t0-m32"
 
 
+def test_a_dtype_sweep_writes_each_dtype_to_its_own_directory():
+    """`-m dtype=bfloat16,float16` (the half-precision sweep): neither run finds the other's answers."""
+    names = {d: str(results_dir_for(_cfg("method=pld", f"dtype={d}", "max_new_tokens=32"), "pld"))
+             for d in ("float32", "auto", "bfloat16", "float16")}
+    assert names["float32"] == names["auto"] == "results/smollm2-135m/mini/pld-t0-m32"
+    assert names["bfloat16"].endswith("pld-t0-m32-bf16") and names["float16"].endswith("pld-t0-m32-fp16")
+
+
 def test_answers_of_other_method_settings_are_not_resumed(tmp_path):
     (tmp_path / "run_config.json").write_text(json.dumps(
         {"identity": {"model": "m", "method": "tr", "method_params": {"k": 8}}}))

@@ -60,6 +60,9 @@ def results_dir_for(cfg: dict, method: str) -> Path:
     filt = (f"-k{cfg['top_k']}" if cfg["top_k"] else "") + (
         f"-p{cfg['top_p']:g}" if cfg["top_p"] < 1 else "")
     rep = f"-r{cfg['repeat']}" if cfg["repeat"] else ""  # repeated runs: -r1, -r2, ...
+    # a half-precision run beside its float32 twin (a dtype sweep): -bf16, -fp16; float32 and auto
+    # keep the names every committed result has
+    rep = {"bfloat16": "-bf16", "float16": "-fp16"}.get(cfg.get("dtype"), "") + rep
     variant = ""
     if method == cfg["method"]["name"]:
         variant = method_variant(cfg)
