@@ -10,7 +10,8 @@ goodput is
 and the policy verifies, each step, the R that maximises it (R = 1: every request decodes plainly,
 which is batched AR). Each request then keeps its R - 1 best nodes, a parent-closed sub-tree (p is
 non-increasing down every path). p comes from per-request decayed rates of acceptance given the
-parent was accepted, by (depth, sibling rank) (`RateTable`), so the policy works for any tree method.
+parent was accepted, by (depth, sibling rank) (`RateTable`), started from the rates pooled over the
+requests seen so far, so the policy works for any tree method.
 
 `BatchCost` is t(B, R) measured on the batched forward (`measure_batch_cost`), interpolated in R and
 in B. `FixedSpeculation` keeps every draft whole: what a serving engine does with a fixed
@@ -19,9 +20,11 @@ speculation length.
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -85,6 +88,8 @@ def measure_batch_cost(model, batches=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8, 16, 32
     g = torch.Generator().manual_seed(0)
     dtype = model.dtype
     times = []
+    warm = torch.randint(0, vocab, (1, 32), generator=g).to(dev)
+    model(input_ids=warm, logits_to_keep=1)  # the process's first forward (thread pools, allocator) untimed
     for b in batches:
         prefix = torch.randint(0, vocab, (b, context_len), generator=g).to(dev)
         cache = DynamicCache()
@@ -122,14 +127,21 @@ def best_row_budget(sorted_p: list[list[float]], cost: BatchCost, max_rows: int)
     return best_r
 
 
+_CELLS: "weakref.WeakKeyDictionary[DraftTree, list[int]]" = weakref.WeakKeyDictionary()
+
+
 def node_cells(tree: DraftTree) -> list[int]:
-    """Each node's rate cell: (depth, rank among its siblings), capped."""
+    """Each node's rate cell: (depth, rank among its siblings), capped; once per tree (a static
+    template is the same object every step)."""
+    if tree in _CELLS:
+        return _CELLS[tree]
     cells = []
     for node in range(1, tree.size):
         parent = tree.parents[node - 1]
         rank = tree.children[parent].index(node)
         depth = int(tree.depths[node])
         cells.append((min(depth, MAX_DEPTH) - 1) * MAX_RANK + min(rank, MAX_RANK - 1))
+    _CELLS[tree] = cells
     return cells
 
 
@@ -157,12 +169,15 @@ class BatchGoodput(FixedSpeculation):
         self.cost, self.max_rows = cost, max_rows
         self.prior_steps, self.half_life = prior_steps, half_life
         self.rates: dict = {}
+        # every request's outcomes pooled: a new request starts from what the batch has seen (the
+        # same method on the same model), not from the prior, so it does not explore afresh
+        prior = [0.5 / (1 + r) for _ in range(MAX_DEPTH) for r in range(MAX_RANK)]  # weak: top sibling 1/2
+        self.pool = RateTable(prior, prior_steps, half_life)
         self.last_budget = 1
 
     def _table(self, key) -> RateTable:
-        if key not in self.rates:  # a weak prior: the top sibling accepted half the time, the others less
-            prior = [0.5 / (1 + r) for _ in range(MAX_DEPTH) for r in range(MAX_RANK)]
-            self.rates[key] = RateTable(prior, self.prior_steps, self.half_life)
+        if key not in self.rates:
+            self.rates[key] = copy.deepcopy(self.pool)
         return self.rates[key]
 
     def choose(self, drafts: list[Draft | None], keys: list) -> list[Draft | None]:
@@ -197,12 +212,14 @@ class BatchGoodput(FixedSpeculation):
         """A trial for every drafted node whose parent was on the accepted path (the root always is)."""
         if draft is None or draft.n_extra:
             return
-        table = self._table(key)
+        tables = (self._table(key), self.pool)
         on_path = {0, *accepted}
         for node, cell in enumerate(node_cells(draft.tree), start=1):
             if draft.tree.parents[node - 1] in on_path:
-                table.add(cell, node in on_path)
-        table.next_step()
+                for table in tables:
+                    table.add(cell, node in on_path)
+        for table in tables:
+            table.next_step()
 
     def forget(self, key) -> None:
         self.rates.pop(key, None)
