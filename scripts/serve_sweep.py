@@ -10,9 +10,10 @@ on the batched eager forward (decoding/batched.py), and records throughput (new 
 the whole run), per-request latency (finish - arrival: mean, p50, p99), time per output token after
 the first, MAT, and losslessness: every request's tokens against its own batch-size-1 AR output
 (exact in float32; a differing token is checked against the target's choice within the rounding
-band, benchmark/lossless.py). Speedups are against batched AR at the same B or rate, run in the same
-process. A line per configuration is appended to OUT/results.jsonl as it finishes; a rerun skips
-the ones there. Then OUT/tables.md and OUT/plots/{speedup_vs_batch,latency_vs_rate}.png.
+band, benchmark/lossless.py). Speedups are against batched AR at the same B or rate (the same
+invocation, unless a resumed sweep split them). A line per configuration is appended to
+OUT/results.jsonl as it finishes; a rerun skips the ones there. Then OUT/tables.md and
+OUT/plots/{speedup_vs_batch,latency_vs_rate}.png.
 
 Example (the CPU sweep in results/cpu-batched):
   python scripts/serve_sweep.py --questions ../shared/data/spec_bench/question.jsonl --per-subtask 2 \\
@@ -106,8 +107,9 @@ def run_config(engine, model, prompts, refs, args, method, policy_name, cost, ma
 
 
 def tables(rows: list[dict]) -> str:
-    out = ["# Batched decoding sweep", "", "Speedup: throughput over batched AR's at the same batch size or rate "
-           "(same run). Latency: finish - arrival, seconds.", ""]
+    out = ["# Batched decoding sweep", "", "Speedup: throughput over batched AR's at the same batch size or rate, "
+           "as results.jsonl holds them (each line's `finished` says when it ran: lines of different invocations "
+           "compare across processes). Latency: finish - arrival, seconds.", ""]
     closed = [r for r in rows if r["load"] == "closed"]
     if closed:
         out += ["## Closed batch (every request waiting at t = 0)", "",
