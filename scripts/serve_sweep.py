@@ -23,7 +23,6 @@ Example (the CPU sweep in results/cpu-batched):
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
