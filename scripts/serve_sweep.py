@@ -105,6 +105,21 @@ def run_config(engine, model, prompts, refs, args, method, policy_name, cost, ma
             "tokens_outside_band": outside}
 
 
+def run_single(single: Engine, model, prompts, refs, args, method, cost) -> dict:
+    """Today's single-request engine on the same requests one after another: what batched B = 1 must equal."""
+    make = drafter_factory(method, model, cost)
+    results = []
+    t0 = time.perf_counter()
+    for p in prompts:
+        results.append(single.generate(p, make(), args.max_new_tokens))
+    wall = time.perf_counter() - t0
+    tokens = sum(r.new_tokens for r in results)
+    steps = sum(len(r.accept_lengths) for r in results)
+    return {"tokens": tokens, "wall_s": round(wall, 3), "throughput": round(tokens / wall, 2),
+            "mat": round(sum(sum(r.accept_lengths) for r in results) / max(steps, 1), 3),
+            "requests": len(results), "exact_vs_ar": sum(r.tokens == ref for r, ref in zip(results, refs))}
+
+
 def tables(rows: list[dict]) -> str:
     out = ["# Batched decoding sweep", "", "Speedup: throughput over batched AR's at the same batch size or rate, "
            "as results.jsonl holds them (each line's `finished` says when it ran: lines of different invocations "
@@ -120,6 +135,19 @@ def tables(rows: list[dict]) -> str:
             out.append(f"| {r['method']} | {r['policy']} | {r['batch']} | {r['throughput']:.1f} | {sp:.2f}x | "
                        f"{r['mat']:.2f} | {r['rows_per_step']} | {r['latency_p50']:.1f} | {r['latency_p99']:.1f} | "
                        f"{r['tpot_ms']} | {r['exact_vs_ar']}/{r['requests']} exact, {r['tokens_outside_band']} outside |")
+    single = [r for r in rows if r["load"] == "single"]
+    batch1 = {r["method"]: r for r in closed if r["batch"] == 1 and r["policy"] == "fixed"}
+    if single:
+        out += ["", "## Batch size 1 against the single-request engine", "",
+                "The same requests one after another through `Engine.generate` (the engine behind run.py, eager "
+                "forward) and through the batched engine at B = 1 with fixed speculation.", "",
+                "| method | single-request tok/s | MAT | batched B = 1 tok/s | MAT | batched / single | lossless (single) |",
+                "|---|---:|---:|---:|---:|---:|---|"]
+        for r in sorted(single, key=lambda r: (r["method"] != "ar", r["method"])):
+            b = batch1.get(r["method"])
+            bt = f"{b['throughput']:.1f} | {b['mat']:.2f} | {b['throughput'] / r['throughput']:.2f}" if b else "- | - | -"
+            out.append(f"| {r['method']} | {r['throughput']:.1f} | {r['mat']:.2f} | {bt} | "
+                       f"{r['exact_vs_ar']}/{r['requests']} exact |")
     opened = [r for r in rows if r["load"] == "poisson"]
     if opened:
         out += ["", "## Poisson arrivals", "",
@@ -177,6 +205,8 @@ def parse_args(argv=None):
     ap.add_argument("--methods", default="ar,tr,tr_fused,pld")
     ap.add_argument("--policies", default="fixed,goodput")
     ap.add_argument("--batches", default="1,2,4,8,16")
+    ap.add_argument("--single-methods", default="ar,tr,tr_fused,pld",
+                    help="also run these through the single-request engine (the B = 1 check); empty: none")
     ap.add_argument("--rates", default="", help="Poisson request rates (requests/s), e.g. 0.5,1,2; empty: none")
     ap.add_argument("--rate-batch", type=int, default=16, help="at most this many decoded together under arrivals")
     ap.add_argument("--cost", help="a batch cost JSON (measure_batch_cost); default OUT/batch_cost.json, measured if missing")
@@ -207,16 +237,21 @@ def main(argv=None) -> None:
     engine = BatchedEngine(model, eos)
     results = out / "results.jsonl"
     done = {(r["load"], r["method"], r["policy"], r["batch"], r.get("rate")) for r in repair_jsonl(results)}
-    configs = [("closed", m, pol, b, None) for b in map(int, args.batches.split(","))
-               for m in args.methods.split(",") for pol in (["fixed"] if m == "ar" else args.policies.split(","))]
+    methods = args.methods.split(",")
+    configs = [("single", m, "fixed", 1, None) for m in filter(None, args.single_methods.split(","))]
+    configs += [("closed", m, pol, b, None) for b in map(int, filter(None, args.batches.split(",")))
+               for m in methods for pol in (["fixed"] if m == "ar" else args.policies.split(","))]
     configs += [("poisson", m, pol, args.rate_batch, float(r)) for r in filter(None, args.rates.split(","))
-                for m in args.methods.split(",") for pol in (["fixed"] if m == "ar" else args.policies.split(","))]
+                for m in methods for pol in (["fixed"] if m == "ar" else args.policies.split(","))]
     for load, method, policy, batch, rate in configs:
         if (load, method, policy, batch, rate) in done:
             continue
         arrivals = [0.0] * len(prompts) if rate is None else poisson_arrivals(len(prompts), rate, args.seed)
         t0 = time.time()
-        figures = run_config(engine, model, prompts, refs, args, method, policy, cost, batch, arrivals)
+        if load == "single":
+            figures = run_single(single, model, prompts, refs, args, method, cost)
+        else:
+            figures = run_config(engine, model, prompts, refs, args, method, policy, cost, batch, arrivals)
         row = {"load": load, "method": method, "policy": policy, "batch": batch, "rate": rate, **figures,
                "max_new_tokens": args.max_new_tokens, "questions": len(prompts), "seed": args.seed,
                "torch_threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -36,6 +36,21 @@ def test_the_budget_speculates_where_rows_are_cheap_and_not_where_they_are_dear(
     assert best_row_budget([[0.0] * 4, [0.0] * 4], flat_cost(0.0), 16) == 1
 
 
+def test_host_work_beyond_the_forward_makes_wider_steps_pay():
+    # each row costs twice the forward's fixed part: 3 nodes at p = 0.5 do not pay for themselves ...
+    cost = flat_cost(1.0, base=0.5)
+    likely = [[0.5, 0.5, 0.5]]
+    assert best_row_budget(likely, cost, 4) == 1
+    # ... until each step also spends as long again outside the forward (drafting, verifying)
+    assert best_row_budget(likely, cost, 4, host_s=3.0) == 4
+    policy = BatchGoodput(cost)
+    for _ in range(100):  # steps measured at 2 s beyond the forward's t(1, 1) = 1.5 s
+        policy.observe_step(1, 1, cost.t(1, 1) + 2.0)
+    assert abs(policy.host_s - 2.0) < 1e-3
+    policy.observe_step(1, 1, 0.0)  # a step faster than the curve says does not make host work negative
+    assert 1.7 < policy.host_s < 2.0
+
+
 def test_each_request_keeps_its_most_likely_nodes_as_a_subtree():
     policy = BatchGoodput(flat_cost(0.0))
     tree = DraftTree([0, 0, 1, 3])  # 1, 2 under the root; 3 under 1; 4 under 3

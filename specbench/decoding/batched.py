@@ -125,6 +125,9 @@ class BatchedEngine:
                 time.sleep(max(0.0, requests[waiting[0]].arrival - (time.perf_counter() - t0)))
                 continue
             steps.append(self._step())
+            if self.policy is not None:
+                last = steps[-1]
+                self.policy.observe_step(last.active, last.rows // last.active, last.time)
             for b, s in enumerate(self.slots):
                 if self._done(s):
                     s.record.finished = now(self.device) - t0

@@ -5,9 +5,11 @@ t(B, R): B requests of R rows each. A request b whose R - 1 most likely draft no
 probabilities p_b(1) >= p_b(2) >= ... emits on average 1 + sum_{i < R} p_b(i) tokens, so the step's
 goodput is
 
-    G(R) = sum_b (1 + sum_{i < R} p_b(i)) / t(B, R)
+    G(R) = sum_b (1 + sum_{i < R} p_b(i)) / (t(B, R) + h)
 
-and the policy verifies, each step, the R that maximises it (R = 1: every request decodes plainly,
+where h is the step's host work that the forward's curve leaves out (drafting, verification, cache
+compaction), a running mean of each step's measured time minus t(B, R): it is paid whatever R is,
+so the more of it there is, the more a wider step pays. The policy verifies, each step, the R that maximises it (R = 1: every request decodes plainly,
 which is batched AR). Each request then keeps its R - 1 best nodes, a parent-closed sub-tree (p is
 non-increasing down every path). p comes from per-request decayed rates of acceptance given the
 parent was accepted, by (depth, sibling rank) (`RateTable`), started from the rates pooled over the
@@ -115,13 +117,14 @@ def measure_batch_cost(model, batches=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8, 16, 32
                      device=str(dev), created=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
-def best_row_budget(sorted_p: list[list[float]], cost: BatchCost, max_rows: int) -> int:
-    """argmax_R sum_b (1 + sum(sorted_p[b][:R - 1])) / t(B, R) over R = 1 .. max_rows (ties: fewer rows)."""
+def best_row_budget(sorted_p: list[list[float]], cost: BatchCost, max_rows: int, host_s: float = 0.0) -> int:
+    """argmax_R sum_b (1 + sum(sorted_p[b][:R - 1])) / (t(B, R) + host_s) over R = 1 .. max_rows (ties:
+    fewer rows)."""
     batch = len(sorted_p)
-    best_r, best_rate = 1, batch / cost.t(batch, 1)
+    best_r, best_rate = 1, batch / (cost.t(batch, 1) + host_s)
     for r in range(2, max_rows + 1):
         expected = sum(1.0 + sum(p[: r - 1]) for p in sorted_p)
-        rate = expected / cost.t(batch, r)
+        rate = expected / (cost.t(batch, r) + host_s)
         if rate > best_rate:
             best_r, best_rate = r, rate
     return best_r
@@ -156,6 +159,9 @@ class FixedSpeculation:
     def observe(self, key, draft: Draft | None, accepted: list[int]) -> None:
         pass
 
+    def observe_step(self, active: int, rows: int, seconds: float) -> None:
+        """A step of `active` requests padded to `rows` rows each took `seconds`, host work included."""
+
     def forget(self, key) -> None:
         pass
 
@@ -174,6 +180,11 @@ class BatchGoodput(FixedSpeculation):
         prior = [0.5 / (1 + r) for _ in range(MAX_DEPTH) for r in range(MAX_RANK)]  # weak: top sibling 1/2
         self.pool = RateTable(prior, prior_steps, half_life)
         self.last_budget = 1
+        self.host_s = 0.0  # running mean of a step's time beyond the forward's t(B, R)
+
+    def observe_step(self, active: int, rows: int, seconds: float) -> None:
+        beyond = max(0.0, seconds - self.cost.t(active, rows))
+        self.host_s += 0.1 * (beyond - self.host_s)
 
     def _table(self, key) -> RateTable:
         if key not in self.rates:
@@ -192,7 +203,7 @@ class BatchGoodput(FixedSpeculation):
             order = sorted(range(len(p)), key=lambda i: (-p[i], i))
             ranked.append(([i + 1 for i in order], [p[i] for i in order]))
         widest = max((len(nodes) for nodes, _ in ranked), default=0) + 1
-        budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest))
+        budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest), self.host_s)
         self.last_budget = budget
         out = []
         for draft, (nodes, _) in zip(drafts, ranked):
