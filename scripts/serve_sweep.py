@@ -23,8 +23,6 @@ Example (the CPU sweep in results/cpu-batched):
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from specbench.benchmark import lossless  # noqa: E402
 from specbench.benchmark.results import append_jsonl, read_jsonl, repair_jsonl  # noqa: E402
+from specbench.benchmark.serving import poisson_arrivals, serving_figures  # noqa: E402
 from specbench.decoding.batched import BatchedEngine, Request  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.hardware.batch_goodput import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost  # noqa: E402
@@ -44,13 +43,6 @@ from specbench.inputs.chat import prompt_ids  # noqa: E402
 from specbench.inputs.models import eos_token_ids, load_model, named_model_config  # noqa: E402
 from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask  # noqa: E402
 from specbench.registry import build_drafter  # noqa: E402
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo = int(k)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
 
 
 def drafter_factory(method: str, model, cost: BatchCost):
@@ -71,38 +63,18 @@ def drafter_factory(method: str, model, cost: BatchCost):
     return make
 
 
-def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out
-
-
 def run_config(engine, model, prompts, refs, args, method, policy_name, cost, max_batch, arrivals):
     policy = BatchGoodput(cost) if policy_name == "goodput" else FixedSpeculation()
     make = drafter_factory(method, model, cost)
     requests = [Request(p, args.max_new_tokens, make, None, a) for p, a in zip(prompts, arrivals)]
     result = engine.generate(requests, max_batch, policy)
-    tokens = sum(len(r.tokens) for r in result.records)
-    latency = [r.finished - r.arrival for r in result.records]
-    tpot = [(r.finished - r.first_token) / (len(r.tokens) - 1) for r in result.records if len(r.tokens) > 1]
     exact = sum(r.tokens == ref for r, ref in zip(result.records, refs))
     outside = 0
     for r, p, ref in zip(result.records, prompts, refs):
         if r.tokens != ref:  # judged token by token against the target's own choices
             c = lossless.check_tokens(model, {"turns": [{"prompt_ids": p, "token_ids": r.tokens}]}, "float32")
             outside += c["tokens_outside_band"]
-    steps = sum(len(r.accept_lengths) for r in result.records)
-    return {"tokens": tokens, "wall_s": round(result.wall_time, 3), "throughput": round(tokens / result.wall_time, 2),
-            "latency_mean": round(statistics.mean(latency), 3), "latency_p50": round(percentile(latency, 0.5), 3),
-            "latency_p99": round(percentile(latency, 0.99), 3),
-            "tpot_ms": round(1000 * statistics.mean(tpot), 2) if tpot else None,
-            "mat": round(sum(sum(r.accept_lengths) for r in result.records) / max(steps, 1), 3),
-            "rows_per_step": round(statistics.mean(s.rows for s in result.steps), 1),
-            "batch_steps": len(result.steps), "requests": len(result.records), "exact_vs_ar": exact,
-            "tokens_outside_band": outside}
+    return {**serving_figures(result), "exact_vs_ar": exact, "tokens_outside_band": outside}
 
 
 def run_single(single: Engine, model, prompts, refs, args, method, cost) -> dict:
@@ -246,7 +218,7 @@ def main(argv=None) -> None:
     for load, method, policy, batch, rate in configs:
         if (load, method, policy, batch, rate) in done:
             continue
-        arrivals = [0.0] * len(prompts) if rate is None else poisson_arrivals(len(prompts), rate, args.seed)
+        arrivals = poisson_arrivals(len(prompts), rate, args.seed)
         t0 = time.time()
         if load == "single":
             figures = run_single(single, model, prompts, refs, args, method, cost)

@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from specbench.inputs.chat import prompt_ids  # noqa: E402
-from specbench.inputs.models import cache_root, load_model, resolve_device, resolve_dtype  # noqa: E402
+from specbench.inputs.models import cache_root, resolve_dtype  # noqa: E402
 from specbench.methods.eagle_head import EagleHead, HeadConfig, load_head, save_head  # noqa: E402
-from train_medusa import model_config  # noqa: E402
+from train_medusa import frozen_target  # noqa: E402
 
 FEATURE_WEIGHT, TOKEN_WEIGHT = 1.0, 0.1  # EAGLE's v_w and p_w
 NOISE = 0.1  # uniform noise U(-0.1, 0.1) on the input features, as in EAGLE's paper
@@ -161,18 +161,12 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     t_start = time.time()
-    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
     corpus = Path(args.conversations or ROOT / "data/rest/corpora" / f"{args.model}-selfdistil.jsonl.gz")
     if not corpus.is_file():
         raise SystemExit(f"error: no corpus {corpus}; make one with python scripts/make_rest_corpus.py "
                          f"--model {args.model} --out {corpus}, or pass --conversations FILE")
-    mcfg = model_config(args)
-    model, tok = load_model(mcfg, device, dtype)
-    model.requires_grad_(False)
+    model, tok, mcfg, device = frozen_target(args)
     convs = conversations(corpus)[: args.limit]
     rng = random.Random(args.seed)
     held = set(rng.sample(range(len(convs)), max(1, int(args.held_out * len(convs)))))

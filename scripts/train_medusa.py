@@ -526,18 +526,25 @@ def model_config(args) -> dict:
         raise SystemExit(f"error: {e}; or --model hf --model-path <dir>") from None
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def frozen_target(args):
+    """The head trainers' common start (this script's and train_eagle.py's): threads and seed set, the
+    target loaded frozen. Returns (model, tokenizer, its model config, device)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    t_start = time.time()
     device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
     mcfg = model_config(args)
-    args.chat_template = mcfg.get("chat_template", "auto")
     print(f"loading {args.model} on {device} ({args.dtype})", flush=True)
     model, tok = load_model(mcfg, device, dtype)
     model.requires_grad_(False)
+    return model, tok, mcfg, device
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    t_start = time.time()
+    model, tok, mcfg, device = frozen_target(args)
+    args.chat_template = mcfg.get("chat_template", "auto")
 
     prompts, prompt_stats = select_prompts(args.num_prompts, args.seed)
     settings = {"model": args.model, "path": mcfg.get("path"), "dtype": args.dtype, "prompts": [p["text"] for p in prompts],

@@ -81,6 +81,49 @@ def test_goodput_in_the_batched_engine_keeps_every_output(tiny_llama):
     assert policy.rates == {}  # finished requests' estimates are dropped
 
 
+def test_when_no_speculation_pays_the_drafters_are_not_asked(tiny_llama):
+    """Plain decoding chosen: the next 1, 2, 4, ... (at most max_skip) steps skip drafting altogether."""
+    policy = BatchGoodput(flat_cost(1.0, base=0.0), max_skip=4)  # every row as dear as a step
+    tree = DraftTree([0, 1])
+    draft = Draft(tokens=torch.tensor([5, 6]), tree=tree)
+    asked = []
+    for _ in range(20):
+        asked.append(policy.wants_drafts())
+        if asked[-1]:
+            assert policy.choose([draft], ["a"]) == [None]
+    # drafts at steps 0, 2, 5, 10, 15: skipping 1, 2, 4, 4 steps between
+    assert [i for i, a in enumerate(asked) if a] == [0, 2, 5, 10, 15]
+    policy.cost = flat_cost(0.0)  # rows free again: speculation pays, so every step drafts
+    while not policy.wants_drafts():
+        pass
+    policy.observe("a", draft, [1, 2])
+    assert policy.choose([draft], ["a"])[0] is not None
+    assert all(policy.wants_drafts() for _ in range(5))
+
+    class Counting:  # a drafter that counts its proposals
+        calls = 0
+
+    def make():
+        d = build_drafter("pld")
+        inner = d.propose
+
+        def propose(state):
+            Counting.calls += 1
+            return inner(state)
+
+        d.propose = propose
+        return d
+
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 9, (n,), generator=g).tolist() * 3 for n in (5, 7)]  # repeats: PLD drafts
+    refs = [Engine(tiny_llama, []).generate(p, build_drafter("ar"), 30).tokens for p in prompts]
+    out = BatchedEngine(tiny_llama, []).generate([Request(p, 30, make) for p in prompts], 2,
+                                                 BatchGoodput(flat_cost(1.0, base=0.0)))
+    assert [r.tokens for r in out.records] == refs
+    steps = sum(r.decoding_steps for r in out.records)
+    assert Counting.calls < steps / 3  # drafting skipped on most steps
+
+
 def test_the_batch_cost_is_measured_on_the_batched_forward(tiny_llama):
     cost = measure_batch_cost(tiny_llama, batches=(1, 2), rows=(1, 4), context_len=16, repeats=1)
     assert len(cost.times) == 2 and all(len(t) == 2 and min(t) > 0 for t in cost.times)

@@ -89,6 +89,13 @@ class RunConfig:
     # t(w) behind every summary's speedup bound: auto = the profiled curve cached for this model, device,
     # dtype and forward, else a quick one measured at the start; off; or a curve JSON path
     cost_curve: Optional[str] = "auto"
+    # Concurrent requests (docs/batched-serving.md): batch_size > 1 or a request_rate serves each
+    # question's first turn as a request, at most batch_size decoded together, beside batched AR
+    batch_size: int = 1
+    request_rate: Optional[float] = None  # requests/s, Poisson arrivals seeded by `seed`; None: all at t = 0
+    # fixed: every drafter's whole draft | goodput: each step the batch's row budget with the most
+    # expected tokens per second on the measured t(B, R) (hardware/batch_goodput.py)
+    batch_speculation: str = "fixed"
     results_root: str = "results"
     results_dir: Optional[str] = None  # None: <results_root>/<model>/<task>/<method>-t<T>-m<max_new_tokens>
     progress: bool = True

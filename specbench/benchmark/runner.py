@@ -30,7 +30,7 @@ from specbench.registry import drafter_class, build_drafter
 from specbench.decoding.sampling import PositionSampler
 from specbench.benchmark.results import append_jsonl, repair_jsonl, write_json_atomic
 from specbench.inputs.tasks import SUBTASKS, WARMUP_QUESTION, Question, load_task
-from specbench.benchmark.settings import method_params, validate
+from specbench.benchmark.settings import is_serving_run, method_params, validate
 from specbench.errors import SettingsError
 
 # Settings that must match for answers to be resumed or an AR run to be reused.
@@ -314,6 +314,9 @@ class Run:
 
 def run_benchmark(cfg: dict) -> dict:
     """Run, write answers and summary, print the table. Returns the summary."""
+    if is_serving_run(cfg):  # concurrent requests: benchmark/batched_run.py
+        from specbench.benchmark.batched_run import run_serving
+        return run_serving(cfg)
     cfg = prepared_settings(cfg)
     run = open_run_directory(cfg)
     baseline = baseline_for(run)

@@ -66,6 +66,7 @@ def validate(cfg: dict) -> None:
         raise SettingsError(f"warmup_on must be one of {', '.join(WARMUP_ON)}, got '{cfg['warmup_on']}'")
     if cfg["baseline"] not in BASELINES:
         raise SettingsError(f"baseline must be interleave, reuse, shared or none, got '{cfg['baseline']}'")
+    check_serving(cfg)
     device = resolve_device(cfg["device"])
     dtype_name = run_dtype(cfg["dtype"], device, cfg["model"])
     check_cost_curve(cfg, forward_name(cfg, device))
@@ -76,6 +77,35 @@ def validate(cfg: dict) -> None:
         if cfg["task"].get(key) is not None:
             _number(cfg["task"][key], f"task.{key}", integer=True)
     load_task(cfg["task"])  # the question file: there and well-formed (file and line named)
+
+
+BATCH_SPECULATION = ("fixed", "goodput")
+
+
+def is_serving_run(cfg: dict) -> bool:
+    """Concurrent requests (benchmark/batched_run.py) rather than one question at a time."""
+    return cfg.get("batch_size", 1) > 1 or cfg.get("request_rate") is not None
+
+
+def check_serving(cfg: dict) -> None:
+    """batch_size, request_rate, batch_speculation, and what a batched run cannot do yet."""
+    if _number(cfg.get("batch_size", 1), "batch_size", integer=True) < 1:
+        raise SettingsError(f"batch_size must be at least 1, got {cfg['batch_size']}")
+    rate = cfg.get("request_rate")
+    if rate is not None and _number(rate, "request_rate") <= 0:
+        raise SettingsError(f"request_rate must be positive (requests per second) or null, got {rate}")
+    if cfg.get("batch_speculation", "fixed") not in BATCH_SPECULATION:
+        raise SettingsError(f"batch_speculation must be fixed or goodput, got '{cfg['batch_speculation']}'")
+    if not is_serving_run(cfg):
+        return
+    if cfg["temperature"] != 0:
+        raise SettingsError("batched runs (batch_size > 1 or request_rate) decode greedily; set temperature=0")
+    if str(cfg["compile"]) in ("on", "true", "True"):
+        raise SettingsError("batched runs use the eager forward (the compiled one's static cache holds one "
+                            "request); set compile=off or auto")
+    if cfg["baseline"] not in ("interleave", "none"):
+        raise SettingsError(f"batched runs time batched AR beside the method in the same process; set "
+                            f"baseline=interleave (or none), got '{cfg['baseline']}'")
 
 
 def check_cost_curve(cfg: dict, forward: str) -> None:

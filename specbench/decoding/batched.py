@@ -41,6 +41,30 @@ class Request:
     arrival: float = 0.0  # seconds after generate() starts
 
 
+class DrafterPool:
+    """A request's drafter factory that reuses finished requests' drafters: a drafter serves one request
+    at a time and `start_question()` separates them, as the single-request runner does between
+    questions, so a heavy drafter (a draft model, heads, a datastore) is built at most max_batch times.
+    What spans requests (TR's matrix) is one state for every drafter of the pool."""
+
+    def __init__(self, build: Callable[[], Drafter]):
+        self.build, self.free, self.built = build, [], []
+
+    def __call__(self) -> Drafter:
+        if self.free:
+            d = self.free.pop()
+            d.start_question()
+            return d
+        d = self.build()
+        if self.built:
+            d.share_learned_state(self.built[0])
+        self.built.append(d)
+        return d
+
+    def release(self, drafter: Drafter) -> None:
+        self.free.append(drafter)
+
+
 @dataclass
 class RequestRecord:
     tokens: list[int] = field(default_factory=list)  # new tokens, EOS included if produced
@@ -132,9 +156,16 @@ class BatchedEngine:
                 if self._done(s):
                     s.record.finished = now(self.device) - t0
                     self.slots[b] = None
+                    self._release(s.request, s.drafter)
                     if self.policy is not None:
                         self.policy.forget(s.key)
         return BatchResult(records=records, steps=steps, wall_time=now(self.device) - t0)
+
+    @staticmethod
+    def _release(request: Request, drafter: Drafter) -> None:
+        """A finished request's drafter back to its pool (DrafterPool), if it came from one."""
+        if isinstance(request.drafter, DrafterPool):
+            request.drafter.release(drafter)
 
     def _done(self, s: _Slot) -> bool:
         return len(s.record.tokens) >= s.request.max_new_tokens or s.record.tokens[-1] in self.eos
@@ -166,6 +197,7 @@ class BatchedEngine:
         slot = _Slot(request, drafter, select, buf, n + 1, record, key)
         if self._done(slot):  # EOS or a budget of one: decided by the prefill alone
             record.finished = record.first_token
+            self._release(request, drafter)
             return
         b = self.slots.index(None) if None in self.slots else len(self.slots)
         self._place(own, n, b)
@@ -214,13 +246,14 @@ class BatchedEngine:
         dev, eng = self.device, self.engine
         slots, lens = self.slots, self.lens
         B, L = len(slots), self.cache.get_seq_length()
-        drafts: list[Draft | None] = []
-        for s in slots:
-            draft = s.drafter.propose(DecodeState(tokens=s.buf[: s.cur], prompt_len=len(s.request.prompt_ids),
-                                                  step=s.record.decoding_steps))
-            drafts.append(None if draft is not None and len(draft.tree) == 0 else draft)
-        if self.policy is not None:
-            drafts = self.policy.choose(drafts, [s.key for s in slots])
+        drafts: list[Draft | None] = [None] * B
+        if self.policy is None or self.policy.wants_drafts():
+            for b, s in enumerate(slots):
+                draft = s.drafter.propose(DecodeState(tokens=s.buf[: s.cur], prompt_len=len(s.request.prompt_ids),
+                                                      step=s.record.decoding_steps))
+                drafts[b] = None if draft is not None and len(draft.tree) == 0 else draft
+            if self.policy is not None:
+                drafts = self.policy.choose(drafts, [s.key for s in slots])
         n_rows = [1 if d is None else d.tree.size + d.n_extra for d in drafts]
         R = max(n_rows)
 

@@ -9,8 +9,11 @@ goodput is
 
 where h is the step's host work that the forward's curve leaves out (drafting, verification, cache
 compaction), a running mean of each step's measured time minus t(B, R): it is paid whatever R is,
-so the more of it there is, the more a wider step pays. The policy verifies, each step, the R that maximises it (R = 1: every request decodes plainly,
-which is batched AR). Each request then keeps its R - 1 best nodes, a parent-closed sub-tree (p is
+so the more of it there is, the more a wider step pays. The policy verifies, each step, the R that
+maximises it (R = 1: every request decodes plainly, which is batched AR). When that is R = 1, the next
+steps do not draft at all (a tree no one verifies costs host time AR does not pay): the policy skips
+1, 2, 4, ... up to 16 steps before it drafts again to see whether speculation pays by then
+(SmartSpec's rule: no speculation, no draft). Each request then keeps its R - 1 best nodes, a parent-closed sub-tree (p is
 non-increasing down every path). p comes from per-request decayed rates of acceptance given the
 parent was accepted, by (depth, sibling rank) (`RateTable`), started from the rates pooled over the
 requests seen so far, so the policy works for any tree method.
@@ -162,6 +165,10 @@ class FixedSpeculation:
     def observe_step(self, active: int, rows: int, seconds: float) -> None:
         """A step of `active` requests padded to `rows` rows each took `seconds`, host work included."""
 
+    def wants_drafts(self) -> bool:
+        """Whether this step's drafters propose at all (else every request decodes plainly)."""
+        return True
+
     def forget(self, key) -> None:
         pass
 
@@ -171,8 +178,11 @@ class BatchGoodput(FixedSpeculation):
 
     name = "goodput"
 
-    def __init__(self, cost: BatchCost, max_rows: int = 64, prior_steps: float = 4.0, half_life: float = 200.0):
-        self.cost, self.max_rows = cost, max_rows
+    def __init__(self, cost: BatchCost, max_rows: int = 64, prior_steps: float = 4.0, half_life: float = 200.0,
+                 max_skip: int = 16):
+        self.cost, self.max_rows, self.max_skip = cost, max_rows, max_skip
+        self.skip_left, self.next_skip = 0, 1  # steps left without drafting; how many the next plain choice skips
+        self.drafted = True  # whether the step being timed drafted
         self.prior_steps, self.half_life = prior_steps, half_life
         self.rates: dict = {}
         # every request's outcomes pooled: a new request starts from what the batch has seen (the
@@ -182,7 +192,14 @@ class BatchGoodput(FixedSpeculation):
         self.last_budget = 1
         self.host_s = 0.0  # running mean of a step's time beyond the forward's t(B, R)
 
+    def wants_drafts(self) -> bool:
+        self.drafted = self.skip_left == 0
+        self.skip_left = max(0, self.skip_left - 1)
+        return self.drafted
+
     def observe_step(self, active: int, rows: int, seconds: float) -> None:
+        if not self.drafted:  # the host work that matters is a drafting step's
+            return
         beyond = max(0.0, seconds - self.cost.t(active, rows))
         self.host_s += 0.1 * (beyond - self.host_s)
 
@@ -205,6 +222,10 @@ class BatchGoodput(FixedSpeculation):
         widest = max((len(nodes) for nodes, _ in ranked), default=0) + 1
         budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest), self.host_s)
         self.last_budget = budget
+        if budget == 1:  # no speculation pays now: skip drafting for a while, longer each time
+            self.skip_left, self.next_skip = self.next_skip, min(2 * self.next_skip, self.max_skip)
+        else:
+            self.next_skip = 1
         out = []
         for draft, (nodes, _) in zip(drafts, ranked):
             if draft is None or draft.n_extra:

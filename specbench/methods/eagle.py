@@ -65,6 +65,37 @@ class _DraftRows:
         self.count += kv[0][0].shape[1]
 
 
+@dataclass
+class _StaticLevel:
+    """One level of EAGLE-1's fixed tree, worked out once: which nodes it holds, the parents whose
+    scores pick their tokens, and, for the nodes with children, the draft rows each one sees."""
+
+    nodes: list[int]
+    parent_ids: list[int]  # distinct parents, in order
+    parent_slot: list[int]  # per node: its parent's index in parent_ids
+    expand: list[int]  # nodes with children: a head forward each
+    ancestors: torch.Tensor  # (len(expand), draft rows before this level): the rows of each one's ancestors
+
+
+def static_levels(choices, device) -> list[_StaticLevel]:
+    tree, levels, row_of = choices.tree, [], {}
+    depths = tree.depths.tolist()
+    for level in range(1, choices.depth + 1):
+        nodes = [i for i in range(1, tree.size) if depths[i] == level]
+        parents = [tree.parents[i - 1] for i in nodes]
+        parent_ids = sorted(set(parents))
+        expand = [i for i in nodes if tree.children[i]]
+        ancestors = torch.zeros(len(expand), len(row_of), dtype=torch.bool)
+        for r, i in enumerate(expand):
+            for a in tree.path_to(i)[:-1]:
+                ancestors[r, row_of[a]] = True
+        for i in expand:
+            row_of[i] = len(row_of)
+        levels.append(_StaticLevel(nodes, parent_ids, [parent_ids.index(p) for p in parents], expand,
+                                   to_device(ancestors, device)))
+    return levels
+
+
 @register("eagle")
 class Eagle(Drafter):
     needs_hidden_states = True
@@ -88,6 +119,7 @@ class Eagle(Drafter):
         self.device = weight.device
         self.top_k = min(int(s.top_k), weight.shape[0])
         self.static = tree_from_choices(load_choices(s.choices)) if s.tree == "static" else None
+        self.static_levels = static_levels(self.static, self.device) if self.static is not None else None
         self.start_question()
 
     @classmethod
@@ -214,34 +246,22 @@ class Eagle(Drafter):
 
     def _static_draft(self, root_feature: torch.Tensor, root_pos: int) -> Draft:
         """EAGLE-1: node i takes rank ranks[i] of its parent's head scores; one forward per level."""
-        choices, dev = self.static, self.device
+        choices = self.static
         tree = choices.tree
-        depths = tree.depths.tolist()
         width = max(choices.ranks) + 1
         node_tokens = [None] * tree.size
         level_out = {0: root_feature}
-        row_of: dict[int, int] = {}  # node -> its draft row
         rows = _DraftRows()
-        for level in range(1, choices.depth + 1):
-            nodes = [i for i in range(1, tree.size) if depths[i] == level]
-            parents = [tree.parents[i - 1] for i in nodes]
+        for level, plan in enumerate(self.static_levels, start=1):
             # the parents' top tokens: one lm_head over the parents' outputs
-            parent_ids = sorted(set(parents))
-            src = torch.cat([level_out[p] for p in parent_ids])
-            top = self._log_probs(src).topk(width, dim=-1).indices
-            for i, p in zip(nodes, parents):
-                node_tokens[i] = top[parent_ids.index(p), choices.ranks[i - 1]]
-            expand = [i for i in nodes if tree.children[i]]  # only nodes with children need a forward
-            if not expand:
+            top = self._log_probs(torch.cat([level_out[p] for p in plan.parent_ids])).topk(width, dim=-1).indices
+            for i, slot in zip(plan.nodes, plan.parent_slot):
+                node_tokens[i] = top[slot, choices.ranks[i - 1]]
+            if not plan.expand:  # only nodes with children need a forward
                 continue
-            feats = torch.cat([level_out[tree.parents[i - 1]] for i in expand])
-            ancestors = torch.zeros(len(expand), rows.count, dtype=torch.bool)
-            for r, i in enumerate(expand):
-                for a in tree.path_to(i)[:-1]:
-                    ancestors[r, row_of[a]] = True
-            out = self._expand(rows, feats, torch.stack([node_tokens[i] for i in expand]), root_pos + level - 1,
-                               to_device(ancestors, dev))
-            for r, i in enumerate(expand):
-                row_of[i] = rows.count - len(expand) + r
+            feats = torch.cat([level_out[tree.parents[i - 1]] for i in plan.expand])
+            out = self._expand(rows, feats, torch.stack([node_tokens[i] for i in plan.expand]), root_pos + level - 1,
+                               plan.ancestors)
+            for r, i in enumerate(plan.expand):
                 level_out[i] = out[r : r + 1]
         return Draft(tokens=torch.stack(node_tokens[1:]), tree=tree)

@@ -30,10 +30,10 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
+from specbench.methods.head_checkpoint import CONFIG_FILE, CheckpointKind
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG_FILE = "config.json"
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # ours; the published heads ship the .bin
 
 # method.head=default: the head trained here for the embedded model; for Vicuna v1.3 and LLaMA-2-Chat
 # the heads EAGLE's authors published (the ones Spec-Bench and the TR paper evaluate).
@@ -48,6 +48,10 @@ DEFAULT_HEADS = {
 
 class EagleHeadError(SpecbenchError, ValueError):
     """A head that is missing, malformed or does not fit the target."""
+
+
+CHECKPOINT = CheckpointKind("EAGLE head", "method.head", WEIGHT_FILES, "scripts/train_eagle.py", EagleHeadError,
+                            DEFAULT_HEADS)
 
 
 @dataclass
@@ -230,33 +234,11 @@ class EagleHead(nn.Module):
         return {k: v.detach() for k, v in self.state_dict().items()}
 
 
-def _read_config(directory: Path) -> dict:
-    path = directory / CONFIG_FILE
-    if not path.is_file():
-        raise EagleHeadError(f"EAGLE head directory '{directory}' has no {CONFIG_FILE}; pass method.head=<dir> "
-                             f"holding {CONFIG_FILE} and {' or '.join(WEIGHT_FILES)} (a published EAGLE "
-                             f"checkpoint, or one trained with scripts/train_eagle.py)")
-    try:
-        cfg = json.loads(path.read_text())
-    except ValueError as e:
-        raise EagleHeadError(f"{path} is not valid JSON ({e}); is this an EAGLE head directory?") from None
-    if not isinstance(cfg, dict) or "hidden_size" not in cfg:
-        raise EagleHeadError(f"{path}: no 'hidden_size'; is this an EAGLE head directory?")
-    return cfg
-
-
-def _weights_file(directory: Path) -> Path:
-    for name in WEIGHT_FILES:
-        if (directory / name).is_file():
-            return directory / name
-    raise EagleHeadError(f"EAGLE head directory '{directory}' holds none of {', '.join(WEIGHT_FILES)}")
-
-
 def check_head_dir(directory: str | Path) -> HeadConfig:
     """A head directory's config and weights file, without reading the weights."""
     directory = Path(directory)
-    cfg = HeadConfig.from_dict(_read_config(directory))
-    _weights_file(directory)
+    cfg = HeadConfig.from_dict(CHECKPOINT.read_config(directory, "hidden_size"))
+    CHECKPOINT.weights_file(directory)
     return cfg
 
 
@@ -265,14 +247,7 @@ def load_head(directory: str | Path, embedding: torch.Tensor | None = None) -> E
     embedding, against which a checkpoint's own copy (`embed_tokens.weight`) is checked."""
     directory = Path(directory)
     config = check_head_dir(directory)
-    path = _weights_file(directory)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(path))
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    state = {k.removeprefix("model.").removeprefix("ea_layer."): v for k, v in state.items()}
+    state = {k.removeprefix("model.").removeprefix("ea_layer."): v for k, v in CHECKPOINT.read_weights(directory).items()}
     copy = state.pop("embed_tokens.weight", None)
     if copy is not None and embedding is not None and tuple(copy.shape) != tuple(embedding.shape):
         raise EagleHeadError(f"the EAGLE head in {directory} was trained with an embedding of shape "
@@ -313,34 +288,4 @@ def save_head(head: EagleHead, directory: str | Path, dtype: torch.dtype = torch
 def resolve_head_dir(head: str | os.PathLike | None, model_name: str | None, download: bool = True) -> Path | None:
     """`default` (the head for this model), a local directory, or a hub id (fetched; None for one
     when not `download`)."""
-    if head in (None, "default"):
-        if model_name not in DEFAULT_HEADS:
-            raise EagleHeadError(f"no default EAGLE head for model '{model_name}' (defaults exist for "
-                                 f"{', '.join(DEFAULT_HEADS)}); train one with scripts/train_eagle.py and "
-                                 f"pass method.head=<dir>")
-        head = DEFAULT_HEADS[model_name]
-    path = Path(os.path.expanduser(str(head)))
-    if path.is_dir():
-        return path
-    if path.is_absolute() or str(head).startswith(".") or str(head).count("/") != 1:
-        raise EagleHeadError(f"EAGLE head directory '{head}' not found; pass method.head=<dir> holding "
-                             f"config.json and pytorch_model.bin (or model.safetensors), or a hub id owner/name")
-    if not download:
-        return None
-    try:
-        from huggingface_hub import hf_hub_download
-
-        config = hf_hub_download(str(head), CONFIG_FILE)
-        for name in WEIGHT_FILES[::-1]:  # the published heads ship pytorch_model.bin
-            try:
-                hf_hub_download(str(head), name)
-                break
-            except Exception:
-                if name == WEIGHT_FILES[0]:
-                    raise
-    except Exception as e:
-        raise EagleHeadError(
-            f"could not fetch the EAGLE head '{head}' from the Hugging Face hub ({type(e).__name__}). Download "
-            f"its config.json and pytorch_model.bin on a machine with access (huggingface-cli download {head} "
-            f"--local-dir DIR) and pass method.head=DIR") from None
-    return Path(config).parent
+    return CHECKPOINT.resolve(head, model_name, download)

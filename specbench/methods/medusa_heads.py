@@ -25,11 +25,11 @@ from torch import nn
 
 from specbench.decoding.tree import DraftTree
 from specbench.errors import SpecbenchError
+from specbench.methods.head_checkpoint import CONFIG_FILE, CheckpointKind
 
 ROOT = Path(__file__).resolve().parents[2]
 TREES_FILE = ROOT / "data" / "medusa" / "medusa_trees.json"
-CONFIG_FILE = "config.json"
-WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")  # ours; the published heads ship the .pt
 
 # method.heads=default: heads shipped with the repository for the embedded model; for Vicuna v1.3
 # the Medusa-1 heads FasterDecoding published (the ones Spec-Bench evaluates).
@@ -43,6 +43,10 @@ DEFAULT_HEADS = {
 
 class MedusaHeadsError(SpecbenchError, ValueError):
     """Heads or a choices tree that are missing, malformed or do not fit the model."""
+
+
+CHECKPOINT = CheckpointKind("Medusa heads", "method.heads", WEIGHT_FILES, "scripts/train_medusa.py",
+                            MedusaHeadsError, DEFAULT_HEADS)
 
 
 class ResBlock(nn.Module):
@@ -140,36 +144,9 @@ class HeadsConfig:
 
 
 def _read_config(directory: Path) -> HeadsConfig:
-    path = directory / CONFIG_FILE
-    if not path.is_file():
-        raise MedusaHeadsError(f"Medusa heads directory '{directory}' has no {CONFIG_FILE} (with medusa_num_heads "
-                               f"and medusa_num_layers); pass method.heads=<dir> holding {CONFIG_FILE} and "
-                               f"{' or '.join(WEIGHT_FILES)}, trained with scripts/train_medusa.py")
-    try:
-        cfg = json.loads(path.read_text())
-    except ValueError as e:
-        raise MedusaHeadsError(f"{path} is not valid JSON ({e}); is this a Medusa heads directory?") from None
-    if not isinstance(cfg, dict) or "medusa_num_heads" not in cfg:
-        raise MedusaHeadsError(f"{path}: no 'medusa_num_heads'; is this a Medusa heads directory?")
+    cfg = CHECKPOINT.read_config(directory, "medusa_num_heads")
     return HeadsConfig(int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1)),
                        bool(cfg.get("shared_projection", False)), cfg)
-
-
-def _weights_file(directory: Path) -> Path:
-    for name in WEIGHT_FILES:
-        if (directory / name).is_file():
-            return directory / name
-    raise MedusaHeadsError(f"Medusa heads directory '{directory}' holds none of {', '.join(WEIGHT_FILES)}; "
-                           f"pass method.heads=<dir> holding {CONFIG_FILE} and the weights")
-
-
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    path = _weights_file(directory)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def check_heads_dir(directory: str | Path, num_heads: int | None = None) -> tuple[HeadsConfig, int]:
@@ -177,7 +154,7 @@ def check_heads_dir(directory: str | Path, num_heads: int | None = None) -> tupl
     and how many heads will be used (`num_heads`, default all)."""
     directory = Path(directory)
     cfg = _read_config(directory)
-    _weights_file(directory)
+    CHECKPOINT.weights_file(directory)
     use = cfg.num_heads if num_heads is None else int(num_heads)
     if not 1 <= use <= cfg.num_heads:
         raise MedusaHeadsError(f"method.num_heads={num_heads}, but {directory} holds {cfg.num_heads} heads")
@@ -192,7 +169,7 @@ def load_heads(directory: str | Path, num_heads: int | None = None) -> MedusaHea
     """
     directory = Path(directory)
     cfg, use = check_heads_dir(directory, num_heads)
-    state = {k.removeprefix("medusa_head."): v for k, v in _read_weights(directory).items()}
+    state = {k.removeprefix("medusa_head."): v for k, v in CHECKPOINT.read_weights(directory).items()}
     if "0.0.linear.weight" not in state:
         raise MedusaHeadsError(f"{directory}: no '0.0.linear.weight' in the weights; not FasterDecoding's layout")
     hidden = state["0.0.linear.weight"].shape[0]
@@ -234,41 +211,7 @@ def resolve_heads_dir(heads: str | os.PathLike | None, model_name: str | None,
                       download: bool = True) -> Path | None:
     """`default` (the heads for this model), a local directory, or a Hugging Face hub id (fetched;
     None for one when not `download`)."""
-    if heads in (None, "default"):
-        if model_name not in DEFAULT_HEADS:
-            raise MedusaHeadsError(
-                f"no default Medusa heads for model '{model_name}' (defaults exist for "
-                f"{', '.join(DEFAULT_HEADS)}); train some with scripts/train_medusa.py and pass "
-                f"method.heads=<dir>")
-        heads = DEFAULT_HEADS[model_name]
-    path = Path(os.path.expanduser(str(heads)))
-    if path.is_dir():
-        return path
-    if path.is_absolute() or str(heads).startswith(".") or str(heads).count("/") != 1:
-        raise MedusaHeadsError(f"Medusa heads directory '{heads}' not found; pass method.heads=<dir> holding "
-                               f"config.json and medusa_lm_head.pt (or .safetensors), or a hub id owner/name")
-    return _download_heads(str(heads)) if download else None
-
-
-def _download_heads(repo_id: str) -> Path:
-    try:
-        from huggingface_hub import hf_hub_download
-
-        config = hf_hub_download(repo_id, CONFIG_FILE)
-        for name in WEIGHT_FILES[::-1]:  # the published checkpoints ship the .pt
-            try:
-                hf_hub_download(repo_id, name)
-                break
-            except Exception:
-                if name == WEIGHT_FILES[0]:
-                    raise
-    except Exception as e:
-        raise MedusaHeadsError(
-            f"could not fetch Medusa heads '{repo_id}' from the Hugging Face hub ({type(e).__name__}). "
-            f"Download its config.json and medusa_lm_head.pt on a machine with access "
-            f"(huggingface-cli download {repo_id} config.json medusa_lm_head.pt --local-dir DIR) and pass "
-            f"method.heads=DIR") from None
-    return Path(config).parent
+    return CHECKPOINT.resolve(heads, model_name, download)
 
 
 # ---- the tree: Medusa's choices lists ----
