@@ -26,6 +26,11 @@ def test_the_cost_interpolates_in_rows_and_batches():
     assert cost.t(1, 5) == 1.5 and cost.t(4, 1) == 2.0
     assert abs(cost.t(2, 5) - (1.5 + (4.0 - 1.5) / 3)) < 1e-12
     assert cost.t(1, 17) == 3.0  # past the last point: the last segment's slope
+    # a second context length: linear in L between the two and beyond, the short one's time below it
+    cost = BatchCost(batches=[1], rows=[1, 9], times=[[1.0, 2.0]], context_len=256,
+                     long_context_len=1024, long_times=[[3.0, 6.0]])
+    assert cost.t(1, 1) == cost.t(1, 1, 100) == 1.0 and cost.t(1, 9, 1024) == 6.0
+    assert cost.t(1, 1, 640) == 2.0 and cost.t(1, 1, 1792) == 5.0
 
 
 def test_the_budget_speculates_where_rows_are_cheap_and_not_where_they_are_dear():
@@ -124,9 +129,11 @@ def test_when_no_speculation_pays_the_drafters_are_not_asked(tiny_llama):
     assert Counting.calls < steps / 3  # drafting skipped on most steps
 
 
-def test_the_batch_cost_is_measured_on_the_batched_forward(tiny_llama):
-    cost = measure_batch_cost(tiny_llama, batches=(1, 2), rows=(1, 4), context_len=16, repeats=1)
-    assert len(cost.times) == 2 and all(len(t) == 2 and min(t) > 0 for t in cost.times)
+def test_the_batch_cost_is_measured_on_the_batched_forward(tiny_llama, tmp_path):
+    cost = measure_batch_cost(tiny_llama, batches=(1, 2), rows=(1, 4), context_len=16, repeats=1, long_context_len=48)
+    for table in (cost.times, cost.long_times):
+        assert len(table) == 2 and all(len(t) == 2 and min(t) > 0 for t in table)
+    assert BatchCost.load(cost.save(tmp_path / "cost.json")) == cost
 
 
 def test_tr_requests_in_a_batch_learn_into_one_matrix(tiny_llama):

@@ -85,6 +85,7 @@ class BatchStep:
     real_rows: int  # rows that belong to a request
     active: int  # requests in the forward
     time: float  # wall seconds of the step
+    context: int = 0  # the cache's length before the step: every slot's rows attend over this many columns
 
 
 @dataclass
@@ -151,7 +152,7 @@ class BatchedEngine:
             steps.append(self._step())
             if self.policy is not None:
                 last = steps[-1]
-                self.policy.observe_step(last.active, last.rows // last.active, last.time)
+                self.policy.observe_step(last.active, last.rows // last.active, last.time, last.context)
             for b, s in enumerate(self.slots):
                 if self._done(s):
                     s.record.finished = now(self.device) - t0
@@ -253,7 +254,7 @@ class BatchedEngine:
                                                       step=s.record.decoding_steps))
                 drafts[b] = None if draft is not None and len(draft.tree) == 0 else draft
             if self.policy is not None:
-                drafts = self.policy.choose(drafts, [s.key for s in slots])
+                drafts = self.policy.choose(drafts, [s.key for s in slots], L)
         n_rows = [1 if d is None else d.tree.size + d.n_extra for d in drafts]
         R = max(n_rows)
 
@@ -328,7 +329,7 @@ class BatchedEngine:
             s.drafter.observe(StepOutcome(draft=draft, root=roots[b], logits=out.logits[b, : n_rows[b]],
                                           accepted=accepted, bonus=bonus, hidden_states=hidden, emitted=emitted))
         # perf_counter without a sync: the .tolist() above has waited for the forward already
-        return BatchStep(rows=B * R, real_rows=sum(n_rows), active=B, time=time.perf_counter() - t_start)
+        return BatchStep(rows=B * R, real_rows=sum(n_rows), active=B, time=time.perf_counter() - t_start, context=L)
 
     def _mask(self, lens: torch.Tensor, pos: torch.Tensor, vis: torch.Tensor, L: int):
         """(B, 1, R, L + R) additive mask: slot b's rows see its prefix [0, len_b) (not its holes) and,

@@ -46,17 +46,24 @@ MAX_DEPTH, MAX_RANK = 16, 4  # rate cells: depth 1..16 (deeper shares 16's) x si
 
 @dataclass
 class BatchCost:
-    """t(B, R): median seconds of one batched forward of B requests x R rows after `context_len` cached tokens."""
+    """t(B, R, L): median seconds of one batched forward of B requests x R rows after L cached columns,
+    measured at L = `context_len` and, where `long_times` is there, at `long_context_len` too (the
+    batched cache is as long as its longest request, so at a large B attention over a long padded
+    cache is much of a step)."""
 
     batches: list[int]
     rows: list[int]
-    times: list[list[float]]  # times[i][j]: batches[i] requests, rows[j] rows each
+    times: list[list[float]]  # times[i][j]: batches[i] requests, rows[j] rows each, context_len columns
     context_len: int = 0
     device: str = ""
     created: str = ""
+    long_context_len: int = 0
+    long_times: list[list[float]] | None = None  # the same cells after long_context_len columns
 
-    def t(self, batch: int, rows: int) -> float:
-        """Piecewise-linear in R, then in B; past the measured range, linear from the last two points."""
+    def t(self, batch: int, rows: int, context: int | None = None) -> float:
+        """Piecewise-linear in R, then in B; past the measured range, linear from the last two points.
+        With a context and both lengths measured: linear in L between them and beyond the longer one
+        (attention is linear in L), the shorter one's time below it."""
         def interp(xs, ys, x):
             if len(xs) == 1:
                 return ys[0] * x / xs[0]
@@ -64,8 +71,14 @@ class BatchCost:
             x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
-        per_batch = [interp(self.rows, row_times, rows) for row_times in self.times]
-        return max(1e-9, interp(self.batches, per_batch, batch))
+        def at(table):
+            return interp(self.batches, [interp(self.rows, row_times, rows) for row_times in table], batch)
+
+        short = at(self.times)
+        if context is None or not self.long_times or context <= self.context_len:
+            return max(1e-9, short)
+        long = at(self.long_times)
+        return max(1e-9, short + (long - short) * (context - self.context_len) / (self.long_context_len - self.context_len))
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -80,10 +93,13 @@ class BatchCost:
 
 @torch.inference_mode()
 def measure_batch_cost(model, batches=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8, 16, 32, 64), context_len: int = 256,
-                       repeats: int = 3) -> BatchCost:
+                       repeats: int = 5, long_context_len: int | None = 1024) -> BatchCost:
     """Time the batched forward as BatchedEngine runs it: B slots of `context_len` cached random tokens,
-    R rows each (a chain), the additive mask it builds. Seeded random tokens: every profile times the
-    same work."""
+    R rows each (a chain), the additive mask it builds. Every (B, R) is timed once per round, `repeats`
+    rounds after an untimed one, and the median kept: a slow spell of the machine or the first touch of
+    a shape then lands on one sample of many cells, not on all samples of one (the policy compares
+    cells, so their ratios are what must be right). Seeded random tokens: every profile times the same
+    work."""
     from transformers import DynamicCache
 
     from specbench.decoding.kv_cache import with_cache
@@ -92,42 +108,44 @@ def measure_batch_cost(model, batches=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8, 16, 32
     vocab = model.get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     dtype = model.dtype
-    times = []
-    warm = torch.randint(0, vocab, (1, 32), generator=g).to(dev)
-    model(input_ids=warm, logits_to_keep=1)  # the process's first forward (thread pools, allocator) untimed
-    for b in batches:
-        prefix = torch.randint(0, vocab, (b, context_len), generator=g).to(dev)
-        cache = DynamicCache()
-        model(input_ids=prefix, **with_cache(model, cache), use_cache=True, logits_to_keep=1)
-        row_times = []
-        for r in rows:
-            ids = torch.randint(0, vocab, (b, r), generator=g).to(dev)
-            pos = context_len + torch.arange(r, device=dev).expand(b, r)
-            ok = torch.ones(r, context_len + r, dtype=torch.bool, device=dev).tril(context_len)
-            mask = torch.zeros(b, 1, r, context_len + r, dtype=dtype, device=dev).masked_fill_(
-                ~ok, torch.finfo(dtype).min)
-            samples = []
-            for rep in range(repeats + 1):
-                t0 = now(dev)
-                model(input_ids=ids, position_ids=pos, attention_mask=mask, **with_cache(model, cache), use_cache=True)
-                dt = now(dev) - t0
-                cache.crop(-r)  # a negative count removes the step's rows, in every transformers 5.x
-                if rep:  # the first is a warm-up
-                    samples.append(dt)
-            row_times.append(statistics.median(samples))
-        times.append(row_times)
-    return BatchCost(batches=list(batches), rows=list(rows), times=times, context_len=context_len,
-                     device=str(dev), created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    contexts = [context_len] + ([long_context_len] if long_context_len else [])
+    caches, inputs = {}, {}
+    for c in contexts:
+        for b in batches:
+            prefix = torch.randint(0, vocab, (b, c), generator=g).to(dev)
+            caches[c, b] = DynamicCache()
+            model(input_ids=prefix, **with_cache(model, caches[c, b]), use_cache=True, logits_to_keep=1)
+            for r in rows:
+                ok = torch.ones(r, c + r, dtype=torch.bool, device=dev).tril(c)
+                inputs[c, b, r] = (torch.randint(0, vocab, (b, r), generator=g).to(dev),
+                                   c + torch.arange(r, device=dev).expand(b, r),
+                                   torch.zeros(b, 1, r, c + r, dtype=dtype, device=dev).masked_fill_(
+                                       ~ok, torch.finfo(dtype).min))
+    samples: dict = {cell: [] for cell in inputs}
+    for round_ in range(repeats + 1):
+        for (c, b, r), (ids, pos, mask) in inputs.items():
+            cache = caches[c, b]
+            t0 = now(dev)
+            model(input_ids=ids, position_ids=pos, attention_mask=mask, **with_cache(model, cache), use_cache=True)
+            dt = now(dev) - t0
+            cache.crop(-r)  # a negative count removes the step's rows, in every transformers 5.x
+            if round_:  # the first round warms every shape up
+                samples[c, b, r].append(dt)
+    table = lambda c: [[statistics.median(samples[c, b, r]) for r in rows] for b in batches]  # noqa: E731
+    return BatchCost(batches=list(batches), rows=list(rows), times=table(context_len), context_len=context_len,
+                     device=str(dev), created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                     long_context_len=long_context_len or 0, long_times=table(long_context_len) if long_context_len else None)
 
 
-def best_row_budget(sorted_p: list[list[float]], cost: BatchCost, max_rows: int, host_s: float = 0.0) -> int:
-    """argmax_R sum_b (1 + sum(sorted_p[b][:R - 1])) / (t(B, R) + host_s) over R = 1 .. max_rows (ties:
+def best_row_budget(sorted_p: list[list[float]], cost: BatchCost, max_rows: int, host_s: float = 0.0,
+                    context: int | None = None) -> int:
+    """argmax_R sum_b (1 + sum(sorted_p[b][:R - 1])) / (t(B, R, L) + host_s) over R = 1 .. max_rows (ties:
     fewer rows)."""
     batch = len(sorted_p)
-    best_r, best_rate = 1, batch / (cost.t(batch, 1) + host_s)
+    best_r, best_rate = 1, batch / (cost.t(batch, 1, context) + host_s)
     for r in range(2, max_rows + 1):
         expected = sum(1.0 + sum(p[: r - 1]) for p in sorted_p)
-        rate = expected / (cost.t(batch, r) + host_s)
+        rate = expected / (cost.t(batch, r, context) + host_s)
         if rate > best_rate:
             best_r, best_rate = r, rate
     return best_r
@@ -156,14 +174,16 @@ class FixedSpeculation:
 
     name = "fixed"
 
-    def choose(self, drafts: list[Draft | None], keys: list) -> list[Draft | None]:
+    def choose(self, drafts: list[Draft | None], keys: list, context: int | None = None) -> list[Draft | None]:
+        """Each request's draft, cut or whole; `context`: the batch cache's length L."""
         return drafts
 
     def observe(self, key, draft: Draft | None, accepted: list[int]) -> None:
         pass
 
-    def observe_step(self, active: int, rows: int, seconds: float) -> None:
-        """A step of `active` requests padded to `rows` rows each took `seconds`, host work included."""
+    def observe_step(self, active: int, rows: int, seconds: float, context: int | None = None) -> None:
+        """A step of `active` requests padded to `rows` rows each after `context` cached columns took
+        `seconds`, host work included."""
 
     def wants_drafts(self) -> bool:
         """Whether this step's drafters propose at all (else every request decodes plainly)."""
@@ -197,10 +217,10 @@ class BatchGoodput(FixedSpeculation):
         self.skip_left = max(0, self.skip_left - 1)
         return self.drafted
 
-    def observe_step(self, active: int, rows: int, seconds: float) -> None:
+    def observe_step(self, active: int, rows: int, seconds: float, context: int | None = None) -> None:
         if not self.drafted:  # the host work that matters is a drafting step's
             return
-        beyond = max(0.0, seconds - self.cost.t(active, rows))
+        beyond = max(0.0, seconds - self.cost.t(active, rows, context))
         self.host_s += 0.1 * (beyond - self.host_s)
 
     def _table(self, key) -> RateTable:
@@ -208,7 +228,7 @@ class BatchGoodput(FixedSpeculation):
             self.rates[key] = copy.deepcopy(self.pool)
         return self.rates[key]
 
-    def choose(self, drafts: list[Draft | None], keys: list) -> list[Draft | None]:
+    def choose(self, drafts: list[Draft | None], keys: list, context: int | None = None) -> list[Draft | None]:
         ranked = []  # per request: (nodes by decreasing p, their p)
         for draft, key in zip(drafts, keys):
             if draft is None or draft.n_extra:  # extra rows (Lookahead's window) are not tree nodes
@@ -220,7 +240,7 @@ class BatchGoodput(FixedSpeculation):
             order = sorted(range(len(p)), key=lambda i: (-p[i], i))
             ranked.append(([i + 1 for i in order], [p[i] for i in order]))
         widest = max((len(nodes) for nodes, _ in ranked), default=0) + 1
-        budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest), self.host_s)
+        budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest), self.host_s, context)
         self.last_budget = budget
         if budget == 1:  # no speculation pays now: skip drafting for a while, longer each time
             self.skip_left, self.next_skip = self.next_skip, min(2 * self.next_skip, self.max_skip)
