@@ -134,15 +134,7 @@ def tables(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def plots(rows: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    closed = [r for r in rows if r["load"] == "closed"]
-    ar = {r["batch"]: r["throughput"] for r in closed if r["method"] == "ar"}
+def speedup_plot(plt, closed: list[dict], ar: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in sorted({(r["method"], r["policy"]) for r in closed if r["method"] != "ar"}):
         pts = sorted((r["batch"], r["throughput"] / ar[r["batch"]]) for r in closed
@@ -155,6 +147,19 @@ def plots(rows: list[dict], out: Path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "speedup_vs_batch.png", dpi=120)
+
+
+def plots(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    closed = [r for r in rows if r["load"] == "closed"]
+    ar = {r["batch"]: r["throughput"] for r in closed if r["method"] == "ar"}
+    if closed:
+        speedup_plot(plt, closed, ar, out)
     opened = [r for r in rows if r["load"] == "poisson"]
     if opened:
         fig, ax = plt.subplots(figsize=(6, 4))

@@ -83,7 +83,12 @@ def test_a_batched_run_times_ar_beside_the_method_and_checks_every_request(real_
     assert again["throughput"] == summary["throughput"] and again["baseline_throughput"] == summary["baseline_throughput"]
 
 
-def test_goodput_under_poisson_arrivals_keeps_every_output(real_model, tmp_path):
+def test_goodput_under_poisson_arrivals_keeps_every_output(real_model, tmp_path, monkeypatch):
+    from specbench.benchmark import batched_run
+
+    real = batched_run.measure_batch_cost  # the real measurement on a smaller grid: the suite's minutes
+    monkeypatch.setattr(batched_run, "measure_batch_cost", lambda model, batches: real(
+        model, batches, rows=(1, 8, 32), repeats=1, long_context_len=512))
     c = serving_cfg(tmp_path, "method=tr", "batch_size=2", "request_rate=50", "batch_speculation=goodput")
     summary = run_benchmark(c)
     assert summary["results_dir"].endswith("serving/tr-t0-m24-b2-rps50-goodput")
