@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specbench.benchmark.runner import SettingsError, _check_identity, main_exit_code, method_variant, results_dir_for
+from specbench.benchmark.runner import SettingsError, check_identity, main_exit_code, method_variant, results_dir_for
 from tests.test_config import cfg
 
 
@@ -48,9 +48,9 @@ def test_a_dtype_sweep_writes_each_dtype_to_its_own_directory():
 def test_answers_of_other_method_settings_are_not_resumed(tmp_path):
     (tmp_path / "run_config.json").write_text(json.dumps(
         {"identity": {"model": "m", "method": "tr", "method_params": {"k": 8}}}))
-    _check_identity(tmp_path, {"model": "m", "method": "tr", "method_params": {"k": 8}})
+    check_identity(tmp_path, {"model": "m", "method": "tr", "method_params": {"k": 8}})
     with pytest.raises(SettingsError, match="other settings"):
-        _check_identity(tmp_path, {"model": "m", "method": "tr", "method_params": {"k": 4}})
+        check_identity(tmp_path, {"model": "m", "method": "tr", "method_params": {"k": 4}})
 
 
 def test_typical_medusa_is_marked_lossy_and_never_fails_the_run(real_model, tmp_path):

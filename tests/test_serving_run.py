@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specbench.benchmark.runner import main_exit_code, run_benchmark
-from specbench.benchmark.serving import percentile, poisson_arrivals, serving_figures
+from specbench.benchmark.serving import poisson_arrivals, serving_figures
 from specbench.decoding.batched import BatchResult, BatchStep, DrafterPool, RequestRecord
 from specbench.drafter import Drafter
 from tests.test_config import CONF
@@ -21,9 +21,7 @@ def serving_cfg(tmp_path, *overrides):
             "cost_curve=off", *overrides]), resolve=True)
 
 
-def test_percentiles_and_arrivals():
-    assert percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.5 and percentile([5.0], 0.99) == 5.0
-    assert percentile(list(map(float, range(101))), 0.99) == pytest.approx(99.0)
+def test_arrivals():
     assert poisson_arrivals(3, None, 0) == [0.0, 0.0, 0.0]
     a = poisson_arrivals(2000, 4.0, 1)
     assert a[0] == 0.0 and a == sorted(a) and a == poisson_arrivals(2000, 4.0, 1)  # seeded

@@ -29,17 +29,19 @@ from pathlib import Path
 import torch
 
 from specbench.benchmark import lossless
-from specbench.benchmark.results import write_json_atomic
+from specbench.benchmark.results import write_json_atomic, write_text_atomic
 from specbench.benchmark.serving import poisson_arrivals, serving_figures
 from specbench.benchmark.settings import method_params
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
 from specbench.drafter import Target
-from specbench.errors import SettingsError
 from specbench.hardware.batch_goodput import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost
 from specbench.inputs.chat import prompt_ids
 from specbench.inputs.models import resolve_dtype
 from specbench.inputs.tasks import WARMUP_QUESTION, load_task
 from specbench.registry import build_drafter, drafter_class
+
+
+SERVING_CONFIG = "serving_config.json"  # not run_config.json: the single-request tables skip these directories
 
 
 def serving_dir(cfg: dict) -> Path:
@@ -65,7 +67,7 @@ def serving_identity(cfg: dict) -> dict:
 
 def run_serving(cfg: dict) -> dict:
     """Both sides timed, every output checked, summary written and printed. Returns the summary."""
-    from specbench.benchmark.runner import load_engine, prepared_settings, run_cost_curve
+    from specbench.benchmark.runner import check_identity, load_engine, prepared_settings, run_cost_curve
 
     cfg = dict(cfg)
     eager_by_choice = cfg["compile"] == "auto"
@@ -77,14 +79,8 @@ def run_serving(cfg: dict) -> dict:
     out_dir = serving_dir(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     ident = serving_identity(cfg)
-    cfg_file = out_dir / "serving_config.json"
-    if cfg_file.is_file():
-        old = json.loads(cfg_file.read_text())["identity"]
-        diff = {k: (old.get(k), v) for k, v in ident.items() if old.get(k) != v}
-        if diff:
-            raise SettingsError(f"{out_dir} holds a serving run with other settings {diff}; give another "
-                                "results_dir=... or delete that directory")
-    write_json_atomic(cfg_file, {"identity": ident, "config": cfg})
+    check_identity(out_dir, ident, SERVING_CONFIG)
+    write_json_atomic(out_dir / SERVING_CONFIG, {"identity": ident, "config": cfg})
 
     device, method = torch.device(cfg["device"]), cfg["method"]["name"]
     model, tok, engine = load_engine(cfg, device, resolve_dtype(cfg["dtype"]))
@@ -194,10 +190,4 @@ def write_serving_table(serving_root: Path) -> None:
         write_text_atomic(serving_root / "serving.md",
                           "# Serving runs\n\nSpeedup: throughput over batched AR's, measured in the same run. "
                           "Latency: finish - arrival.\n\n" + serving_table(found) + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 

@@ -44,7 +44,11 @@ def repair_jsonl(path: Path) -> list[dict]:
     return records
 
 
-def write_json_atomic(path: Path, obj) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")

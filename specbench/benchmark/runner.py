@@ -168,8 +168,9 @@ def _stored(record: dict) -> dict:
     return out
 
 
-def _check_identity(path: Path, ident: dict) -> None:
-    cfg_file = path / "run_config.json"
+def check_identity(path: Path, ident: dict, config_file: str = "run_config.json") -> None:
+    """Refuse a directory whose answers were made with other settings than `ident`."""
+    cfg_file = path / config_file
     if cfg_file.is_file():
         old = json.loads(cfg_file.read_text())["identity"]
         diff = {k: (old.get(k), v) for k, v in ident.items() if old.get(k) != v}
@@ -351,7 +352,7 @@ def open_run_directory(cfg: dict) -> Run:
     out_dir = results_dir_for(cfg, cfg["method"]["name"])
     out_dir.mkdir(parents=True, exist_ok=True)
     # a run's own answers also depend on the method and its settings (AR references do not)
-    _check_identity(out_dir, run_identity(cfg))
+    check_identity(out_dir, run_identity(cfg))
     write_json_atomic(out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
     done = {r["question_id"]: r for r in repair_jsonl(out_dir / "answers.jsonl")}
     return Run(cfg, load_task(cfg["task"]), out_dir, done)
@@ -364,7 +365,7 @@ def baseline_for(run: Run):
         return baselines.Baseline()
     if cfg["baseline"] == "reuse":
         ar_dir = results_dir_for(cfg, "ar")
-        _check_identity(ar_dir, identity(cfg))
+        check_identity(ar_dir, identity(cfg))
         return baselines.Reused(ar_dir, [q.question_id for q in run.questions])
     if cfg["baseline"] == "shared":
         return baselines.Shared(results_dir_for(cfg, "ar"), dict(identity(cfg), method="ar", method_params={}), cfg)
@@ -380,7 +381,7 @@ def load_target_and_drafters(run: Run) -> None:
                            cfg["model"]["chat_template"], cfg["max_new_tokens"])
     if run.engine.forward_name != cfg["forward"]:  # compiling the model failed: the engine went on eager
         cfg["forward"] = run.engine.forward_name
-        _check_identity(run.out_dir, run_identity(cfg))  # answers resumed from the compiled forward do not mix
+        check_identity(run.out_dir, run_identity(cfg))  # answers resumed from the compiled forward do not mix
         write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
         cfg["cost_curve"] = "auto" if cfg["cost_curve"] not in (None, False, "off", "none") else "off"
     run.curve = run_cost_curve(cfg, run.model, run.engine)

@@ -11,13 +11,7 @@ from __future__ import annotations
 import random
 import statistics
 
-
-def percentile(xs: list[float], q: float) -> float:
-    """The q-quantile (0..1) of xs, linear between order statistics (numpy's default)."""
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo = int(k)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
+from specbench.benchmark.metrics import percentile
 
 
 def poisson_arrivals(n: int, rate: float | None, seed: int) -> list[float]:
@@ -42,8 +36,8 @@ def serving_figures(result) -> dict:
     steps = sum(len(r.accept_lengths) for r in records)
     return {"tokens": tokens, "wall_s": round(result.wall_time, 3),
             "throughput": round(tokens / result.wall_time, 2),
-            "latency_mean": round(statistics.mean(latency), 3), "latency_p50": round(percentile(latency, 0.5), 3),
-            "latency_p99": round(percentile(latency, 0.99), 3),
+            "latency_mean": round(statistics.mean(latency), 3), "latency_p50": round(percentile(latency, 50), 3),
+            "latency_p99": round(percentile(latency, 99), 3),
             "tpot_ms": round(1000 * statistics.mean(tpot), 2) if tpot else None,
             "mat": round(sum(sum(r.accept_lengths) for r in records) / max(steps, 1), 3),
             "rows_per_step": round(statistics.mean(s.rows for s in result.steps), 1) if result.steps else 0.0,
