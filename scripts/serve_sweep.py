@@ -11,9 +11,12 @@ the whole run), per-request latency (finish - arrival: mean, p50, p99), time per
 the first, MAT, and losslessness: every request's tokens against its own batch-size-1 AR output
 (exact in float32; a differing token is checked against the target's choice within the rounding
 band, benchmark/lossless.py). Speedups are against batched AR at the same B or rate (the same
-invocation, unless a resumed sweep split them). A line per configuration is appended to
-OUT/results.jsonl as it finishes; a rerun skips the ones there. Then OUT/tables.md and
-OUT/plots/{speedup_vs_batch,latency_vs_rate}.png.
+invocation, unless a resumed sweep split them). With --repeats N every configuration runs N times,
+round by round (AR, then each method and policy, then again), and a speedup is the mean of each
+round's ratio to the same round's AR, the rounds' range beside it: this CPU's speed drifts by ~10%
+within minutes, so only ratios taken close together, and repeated, separate policies. A line per
+configuration and round is appended to OUT/results.jsonl as it finishes; a rerun skips the ones
+there. Then OUT/tables.md and OUT/plots/{speedup_vs_batch,latency_vs_rate}.png.
 
 Example (the CPU sweep in results/cpu-batched):
   python scripts/serve_sweep.py --questions ../shared/data/spec_bench/question.jsonl --per-subtask 2 \\
@@ -23,6 +26,7 @@ Example (the CPU sweep in results/cpu-batched):
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from specbench.benchmark import lossless  # noqa: E402
 from specbench.benchmark.results import append_jsonl, read_jsonl, repair_jsonl  # noqa: E402
 from specbench.benchmark.serving import poisson_arrivals, serving_figures  # noqa: E402
-from specbench.decoding.batched import BatchedEngine, Request  # noqa: E402
+from specbench.decoding.batched import BatchedEngine, DrafterPool, Request  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.hardware.batch_goodput import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost  # noqa: E402
 from specbench.hardware.cost import CostCurve  # noqa: E402
@@ -45,28 +49,19 @@ from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask  # n
 from specbench.registry import build_drafter  # noqa: E402
 
 
-def drafter_factory(method: str, model, cost: BatchCost):
+def drafter_pool(method: str, model, cost: BatchCost) -> DrafterPool:
+    """Drafters for one configuration's requests: built at most B times, TR's matrix one for all."""
     vocab = model.get_output_embeddings().weight.shape[0]
     # tr_fused/tr_adaptive choose their own trees from a batch-1 curve: the batched forward's at B = 1
     curve = CostCurve(widths=cost.rows, times=cost.times[cost.batches.index(1)] if 1 in cost.batches else cost.times[0])
-    first = []
-
-    def make():
-        d = build_drafter(method, vocab_size=vocab, model=model, device=model.device,
-                          model_name="smollm2-135m", dtype_name="float32", hardware_curve=curve)
-        if first:  # what the method learns across requests (TR's matrix) is one state for the batch
-            d.share_learned_state(first[0])
-        else:
-            first.append(d)
-        return d
-
-    return make
+    return DrafterPool(lambda: build_drafter(method, vocab_size=vocab, model=model, device=model.device,
+                                             model_name="smollm2-135m", dtype_name="float32", hardware_curve=curve))
 
 
 def run_config(engine, model, prompts, refs, args, method, policy_name, cost, max_batch, arrivals):
     policy = BatchGoodput(cost) if policy_name == "goodput" else FixedSpeculation()
-    make = drafter_factory(method, model, cost)
-    requests = [Request(p, args.max_new_tokens, make, None, a) for p, a in zip(prompts, arrivals)]
+    pool = drafter_pool(method, model, cost)
+    requests = [Request(p, args.max_new_tokens, pool, None, a) for p, a in zip(prompts, arrivals)]
     result = engine.generate(requests, max_batch, policy)
     exact = sum(r.tokens == ref for r, ref in zip(result.records, refs))
     outside = 0
@@ -79,7 +74,7 @@ def run_config(engine, model, prompts, refs, args, method, policy_name, cost, ma
 
 def run_single(single: Engine, model, prompts, refs, args, method, cost) -> dict:
     """Today's single-request engine on the same requests one after another: what batched B = 1 must equal."""
-    make = drafter_factory(method, model, cost)
+    make = drafter_pool(method, model, cost)  # a fresh drafter per request, sharing TR's matrix
     results = []
     t0 = time.perf_counter()
     for p in prompts:
@@ -92,21 +87,60 @@ def run_single(single: Engine, model, prompts, refs, args, method, cost) -> dict
             "requests": len(results), "exact_vs_ar": sum(r.tokens == ref for r, ref in zip(results, refs))}
 
 
+def combine(rows: list[dict], load: str) -> list[dict]:
+    """One entry per configuration of `load` over its rounds: mean figures, lossless tallies summed, and
+    its speedup over AR as the mean of each round's ratio to that round's AR (throughput at a batch
+    size; mean latency under arrivals), with the rounds' lowest and highest ratio."""
+    rows = [r for r in rows if r["load"] == load]
+    where = "batch" if load != "poisson" else "rate"
+    ar = {(r[where], r.get("round", 1)): r for r in rows if r["method"] == "ar"}
+
+    def ratio(r):
+        base = ar.get((r[where], r.get("round", 1)))
+        if base is None:
+            return None
+        return r["throughput"] / base["throughput"] if load != "poisson" else base["latency_mean"] / r["latency_mean"]
+
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["policy"], r["batch"], r.get("rate")), []).append(r)
+    out = []
+    for (method, policy, batch, rate), rs in groups.items():
+        mean = lambda k: statistics.mean(r[k] for r in rs)  # noqa: E731
+        ratios = [x for x in map(ratio, rs) if x is not None]
+        out.append({"method": method, "policy": policy, "batch": batch, "rate": rate, "rounds": len(rs),
+                    "throughput": mean("throughput"), "mat": mean("mat"), "rows_per_step": mean("rows_per_step"),
+                    "latency_mean": mean("latency_mean"), "latency_p50": mean("latency_p50"),
+                    "latency_p99": mean("latency_p99"),
+                    "tpot_ms": statistics.mean(r["tpot_ms"] for r in rs) if all(r["tpot_ms"] for r in rs) else None,
+                    "speedup": statistics.mean(ratios) if ratios else float("nan"),
+                    "low": min(ratios, default=float("nan")), "high": max(ratios, default=float("nan")),
+                    "exact_vs_ar": sum(r["exact_vs_ar"] for r in rs), "requests": sum(r["requests"] for r in rs),
+                    "tokens_outside_band": sum(r["tokens_outside_band"] for r in rs)})
+    return sorted(out, key=lambda r: (r["method"] != "ar", r["method"], r["policy"], r["batch"], r["rate"] or 0))
+
+
+def speedup_cell(r: dict) -> str:
+    if r["rounds"] < 2 or r["method"] == "ar":
+        return f"{r['speedup']:.2f}x"
+    return f"{r['speedup']:.2f}x ({r['low']:.2f}-{r['high']:.2f})"
+
+
 def tables(rows: list[dict]) -> str:
     out = ["# Batched decoding sweep", "", "Speedup: throughput over batched AR's at the same batch size or rate, "
-           "as results.jsonl holds them (each line's `finished` says when it ran: lines of different invocations "
-           "compare across processes). Latency: finish - arrival, seconds.", ""]
-    closed = [r for r in rows if r["load"] == "closed"]
+           "the mean of each round's ratio to the same round's AR, with the rounds' range in brackets when a "
+           "configuration ran more than once (`round` in results.jsonl; each line's `finished` says when it ran). "
+           "Figures: means over rounds; lossless: tallies over rounds. Latency: finish - arrival, seconds.", ""]
+    closed = combine(rows, "closed")
     if closed:
         out += ["## Closed batch (every request waiting at t = 0)", "",
-                "| method | policy | B | tok/s | speedup | MAT | rows/step | latency p50 | p99 | TPOT ms | lossless |",
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-        ar = {r["batch"]: r["throughput"] for r in closed if r["method"] == "ar"}
-        for r in sorted(closed, key=lambda r: (r["method"] != "ar", r["method"], r["policy"], r["batch"])):
-            sp = r["throughput"] / ar[r["batch"]] if r["batch"] in ar else float("nan")
-            out.append(f"| {r['method']} | {r['policy']} | {r['batch']} | {r['throughput']:.1f} | {sp:.2f}x | "
-                       f"{r['mat']:.2f} | {r['rows_per_step']} | {r['latency_p50']:.1f} | {r['latency_p99']:.1f} | "
-                       f"{r['tpot_ms']} | {r['exact_vs_ar']}/{r['requests']} exact, {r['tokens_outside_band']} outside |")
+                "| method | policy | B | rounds | tok/s | speedup | MAT | rows/step | latency p50 | p99 | TPOT ms | lossless |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in closed:
+            out.append(f"| {r['method']} | {r['policy']} | {r['batch']} | {r['rounds']} | {r['throughput']:.1f} | "
+                       f"{speedup_cell(r)} | {r['mat']:.2f} | {r['rows_per_step']:.1f} | {r['latency_p50']:.1f} | "
+                       f"{r['latency_p99']:.1f} | {r['tpot_ms'] or 0:.1f} | "
+                       f"{r['exact_vs_ar']}/{r['requests']} exact, {r['tokens_outside_band']} outside |")
     single = [r for r in rows if r["load"] == "single"]
     batch1 = {r["method"]: r for r in closed if r["batch"] == 1 and r["policy"] == "fixed"}
     if single:
@@ -120,33 +154,17 @@ def tables(rows: list[dict]) -> str:
             bt = f"{b['throughput']:.1f} | {b['mat']:.2f} | {b['throughput'] / r['throughput']:.2f}" if b else "- | - | -"
             out.append(f"| {r['method']} | {r['throughput']:.1f} | {r['mat']:.2f} | {bt} | "
                        f"{r['exact_vs_ar']}/{r['requests']} exact |")
-    opened = [r for r in rows if r["load"] == "poisson"]
+    opened = combine(rows, "poisson")
     if opened:
         out += ["", "## Poisson arrivals", "",
-                "| method | policy | rate (req/s) | max batch | tok/s | latency mean | p50 | p99 | speedup (latency) | lossless |",
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-        ar = {r["rate"]: r["latency_mean"] for r in opened if r["method"] == "ar"}
-        for r in sorted(opened, key=lambda r: (r["method"] != "ar", r["method"], r["policy"], r["rate"])):
-            sp = ar.get(r["rate"], float("nan")) / r["latency_mean"]
-            out.append(f"| {r['method']} | {r['policy']} | {r['rate']} | {r['batch']} | {r['throughput']:.1f} | "
-                       f"{r['latency_mean']:.1f} | {r['latency_p50']:.1f} | {r['latency_p99']:.1f} | {sp:.2f}x | "
+                "| method | policy | rate (req/s) | max batch | rounds | tok/s | latency mean | p50 | p99 | speedup (latency) | lossless |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in opened:
+            out.append(f"| {r['method']} | {r['policy']} | {r['rate']} | {r['batch']} | {r['rounds']} | "
+                       f"{r['throughput']:.1f} | {r['latency_mean']:.1f} | {r['latency_p50']:.1f} | "
+                       f"{r['latency_p99']:.1f} | {speedup_cell(r)} | "
                        f"{r['exact_vs_ar']}/{r['requests']} exact, {r['tokens_outside_band']} outside |")
     return "\n".join(out) + "\n"
-
-
-def speedup_plot(plt, closed: list[dict], ar: dict, out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key in sorted({(r["method"], r["policy"]) for r in closed if r["method"] != "ar"}):
-        pts = sorted((r["batch"], r["throughput"] / ar[r["batch"]]) for r in closed
-                     if (r["method"], r["policy"]) == key and r["batch"] in ar)
-        ax.plot(*zip(*pts), marker="o", linestyle="-" if key[1] == "goodput" else "--", label=f"{key[0]} ({key[1]})")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size B (closed batch)")
-    ax.set_ylabel("throughput / batched AR's")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "speedup_vs_batch.png", dpi=120)
 
 
 def plots(rows: list[dict], out: Path) -> None:
@@ -156,22 +174,28 @@ def plots(rows: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    closed = [r for r in rows if r["load"] == "closed"]
-    ar = {r["batch"]: r["throughput"] for r in closed if r["method"] == "ar"}
-    if closed:
-        speedup_plot(plt, closed, ar, out)
-    opened = [r for r in rows if r["load"] == "poisson"]
-    if opened:
+    for load, x, name, xlabel, ylabel in (
+            ("closed", "batch", "speedup_vs_batch", "batch size B (closed batch)", "throughput / batched AR's"),
+            ("poisson", "rate", "latency_vs_rate", "request rate (requests / s, Poisson)", "AR's mean latency / the method's")):
+        combined = [r for r in combine(rows, load) if r["method"] != "ar"]
+        if not combined:
+            continue
         fig, ax = plt.subplots(figsize=(6, 4))
-        for key in sorted({(r["method"], r["policy"]) for r in opened}):
-            pts = sorted((r["rate"], r["latency_mean"]) for r in opened if (r["method"], r["policy"]) == key)
-            ax.plot(*zip(*pts), marker="o", linestyle="-" if key[1] == "goodput" else "--",
-                    label=key[0] if key[0] == "ar" else f"{key[0]} ({key[1]})")
-        ax.set_xlabel("request rate (requests / s, Poisson)")
-        ax.set_ylabel("mean latency (s)")
+        for key in sorted({(r["method"], r["policy"]) for r in combined}):
+            pts = sorted((r[x], r["speedup"], r["low"], r["high"]) for r in combined if (r["method"], r["policy"]) == key)
+            xs, ys, lo, hi = zip(*pts)
+            line, = ax.plot(xs, ys, marker="o", linestyle="-" if key[1] == "goodput" else "--",
+                            label=f"{key[0]} ({key[1]})")
+            if any(h > low for low, h in zip(lo, hi)):  # the rounds' range, where there were several
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        if load == "closed":
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out / "latency_vs_rate.png", dpi=120)
+        fig.savefig(out / f"{name}.png", dpi=120)
 
 
 def parse_args(argv=None):
@@ -182,6 +206,8 @@ def parse_args(argv=None):
     ap.add_argument("--methods", default="ar,tr,tr_fused,pld")
     ap.add_argument("--policies", default="fixed,goodput")
     ap.add_argument("--batches", default="1,2,4,8,16")
+    ap.add_argument("--fixed-batches", help="run fixed speculation only at these batch sizes (default: every one)")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds: every configuration this many times, interleaved")
     ap.add_argument("--single-methods", default="ar,tr,tr_fused,pld",
                     help="also run these through the single-request engine (the B = 1 check); empty: none")
     ap.add_argument("--rates", default="", help="Poisson request rates (requests/s), e.g. 0.5,1,2; empty: none")
@@ -213,15 +239,19 @@ def main(argv=None) -> None:
     refs = [single.generate(p, build_drafter("ar"), args.max_new_tokens).tokens for p in prompts]
     engine = BatchedEngine(model, eos)
     results = out / "results.jsonl"
-    done = {(r["load"], r["method"], r["policy"], r["batch"], r.get("rate")) for r in repair_jsonl(results)}
+    done = {(r["load"], r["method"], r["policy"], r["batch"], r.get("rate"), r.get("round", 1))
+            for r in repair_jsonl(results)}
     methods = args.methods.split(",")
+    fixed_at = None if args.fixed_batches is None else set(map(int, filter(None, args.fixed_batches.split(","))))
     configs = [("single", m, "fixed", 1, None) for m in filter(None, args.single_methods.split(","))]
     configs += [("closed", m, pol, b, None) for b in map(int, filter(None, args.batches.split(",")))
-               for m in methods for pol in (["fixed"] if m == "ar" else args.policies.split(","))]
+                for m in methods for pol in (["fixed"] if m == "ar" else args.policies.split(","))
+                if m == "ar" or pol != "fixed" or fixed_at is None or b in fixed_at]
     configs += [("poisson", m, pol, args.rate_batch, float(r)) for r in filter(None, args.rates.split(","))
                 for m in methods for pol in (["fixed"] if m == "ar" else args.policies.split(","))]
-    for load, method, policy, batch, rate in configs:
-        if (load, method, policy, batch, rate) in done:
+    rounds = [(k, *c) for k in range(1, args.repeats + 1) for c in configs if k == 1 or c[0] != "single"]
+    for round_, load, method, policy, batch, rate in rounds:
+        if (load, method, policy, batch, rate, round_) in done:
             continue
         arrivals = poisson_arrivals(len(prompts), rate, args.seed)
         t0 = time.time()
@@ -229,11 +259,11 @@ def main(argv=None) -> None:
             figures = run_single(single, model, prompts, refs, args, method, cost)
         else:
             figures = run_config(engine, model, prompts, refs, args, method, policy, cost, batch, arrivals)
-        row = {"load": load, "method": method, "policy": policy, "batch": batch, "rate": rate, **figures,
+        row = {"load": load, "method": method, "policy": policy, "batch": batch, "rate": rate, "round": round_, **figures,
                "max_new_tokens": args.max_new_tokens, "questions": len(prompts), "seed": args.seed,
                "torch_threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
         append_jsonl(results, row)
-        print(f"{load} {method} {policy} B={batch} rate={rate}: {figures['throughput']} tok/s, MAT {figures['mat']}, "
+        print(f"[{round_}] {load} {method} {policy} B={batch} rate={rate}: {figures['throughput']} tok/s, MAT {figures['mat']}, "
               f"{figures['exact_vs_ar']}/{len(prompts)} exact ({time.time() - t0:.0f} s)", flush=True)
     rows = read_jsonl(results)
     (out / "tables.md").write_text(tables(rows))

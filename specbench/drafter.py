@@ -53,6 +53,10 @@ class Draft:
     with `extra_depths` (position offset from the root) and `extra_visibility`, a bool matrix
     (n_extra, tree.size + n_extra) saying which rows each extra row sees. Tree rows never see
     extra rows. Extra rows are never accepted; their logits come back in `StepOutcome.logits`.
+
+    A drafter that estimates its nodes' chances may say so in `node_probs`: node_probs[i] is its
+    probability that node i+1 is on the accepted path. A batch policy (hardware/batch_goodput.py)
+    then ranks and cuts the tree by the drafter's own estimates rather than by generic rates.
     """
 
     tokens: torch.Tensor
@@ -60,10 +64,13 @@ class Draft:
     extra_tokens: torch.Tensor | None = None
     extra_depths: torch.Tensor | None = None
     extra_visibility: torch.Tensor | None = None
+    node_probs: list[float] | None = None
 
     def __post_init__(self):
         if self.tokens.numel() != len(self.tree):
             raise ValueError(f"draft has {self.tokens.numel()} tokens for a tree of {len(self.tree)} nodes")
+        if self.node_probs is not None and len(self.node_probs) != len(self.tree):
+            raise ValueError(f"draft has {len(self.node_probs)} node probabilities for a tree of {len(self.tree)} nodes")
 
     @property
     def n_extra(self) -> int:

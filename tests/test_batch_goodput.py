@@ -8,7 +8,7 @@ import torch
 from specbench.decoding.batched import BatchedEngine, Request
 from specbench.decoding.engine import Engine
 from specbench.decoding.tree import DraftTree
-from specbench.drafter import Draft
+from specbench.drafter import DecodeState, Draft
 from specbench.hardware.cost import CostCurve
 from specbench.hardware.batch_goodput import (BatchCost, BatchGoodput, FixedSpeculation, best_row_budget,
                                               measure_batch_cost, node_cells)
@@ -56,6 +56,18 @@ def test_host_work_beyond_the_forward_makes_wider_steps_pay():
     assert 1.7 < policy.host_s < 2.0
 
 
+def test_speculation_must_also_pay_for_the_drafting_that_plain_steps_skip():
+    cost = flat_cost(1.0, base=0.5)
+    likely = [[0.9, 0.9, 0.9]]
+    assert best_row_budget(likely, cost, 4, host_s=1.0) == 4  # drafting costs what a plain step does too
+    # drafting costs 5 s more than a plain step: 3.7 tokens in 10.5 s lose to 1 token in 2.5 s
+    assert best_row_budget(likely, cost, 4, host_s=6.0, plain_host_s=1.0) == 1
+    policy = BatchGoodput(cost)
+    policy.drafted = False
+    policy.observe_step(1, 1, cost.t(1, 1) + 0.25)  # a plain step's host work is kept apart from drafting's
+    assert policy.plain_host_s == 0.25 and policy.host_s == 0.0
+
+
 def test_each_request_keeps_its_most_likely_nodes_as_a_subtree():
     policy = BatchGoodput(flat_cost(0.0))
     tree = DraftTree([0, 0, 1, 3])  # 1, 2 under the root; 3 under 1; 4 under 3
@@ -70,6 +82,38 @@ def test_each_request_keeps_its_most_likely_nodes_as_a_subtree():
     policy.cost = flat_cost(1.0, base=0.0)
     assert policy.choose([draft], ["a"]) == [None]  # rows as dear as steps: plain decoding
     assert FixedSpeculation().choose([draft], ["a"]) == [draft]
+
+
+def test_a_drafters_own_node_probabilities_rank_its_nodes():
+    """tr_fused's confidences (or EAGLE-2's path scores) beat the policy's generic (depth, rank) rates:
+    the second child the drafter is sure of is kept over the first child's chain it doubts."""
+    tree = DraftTree([0, 0, 1])  # 1, 2 under the root; 3 under 1
+    policy = BatchGoodput(BatchCost(batches=[1, 16], rows=[1, 2, 3], times=[[1.0, 1.0, 10.0]] * 2))
+    generic = Draft(tokens=torch.tensor([11, 12, 13]), tree=tree)
+    (cut,) = policy.choose([generic], ["a"])
+    assert cut.tokens.tolist() == [11]  # by rates alone the top child wins
+    sure = Draft(tokens=torch.tensor([11, 12, 13]), tree=tree, node_probs=[0.1, 0.9, 0.8])
+    (cut,) = policy.choose([sure], ["a"])
+    assert cut.tokens.tolist() == [12] and list(cut.tree.parents) == [0]
+    # a child's estimate above its parent's is capped by it: node 3 is never kept before node 1
+    (cut,) = policy.choose([Draft(tokens=torch.tensor([11, 12, 13]), tree=tree, node_probs=[0.3, 0.2, 0.95])], ["a"])
+    assert cut.tokens.tolist() == [11]
+
+
+def test_tr_fused_hands_its_confidences_to_the_policy(tiny_llama):
+    vocab = tiny_llama.get_output_embeddings().weight.shape[0]
+    d = build_drafter("tr_fused", vocab_size=vocab, hardware_curve=CostCurve(widths=[1, 128], times=[1.0, 1.0]))
+    seq = [5, 6, 7, 8, 9] * 6 + [5, 6]
+    Engine(tiny_llama, []).generate(seq, d, 12)
+    draft = d.propose(DecodeState(tokens=torch.tensor(seq), prompt_len=len(seq), step=1))
+    assert draft is not None and len(draft.node_probs) == len(draft.tree)
+    assert all(0.0 <= p <= 1.0 for p in draft.node_probs)
+    # the retrieved chain 7, 8, 9, 5, ... hangs under the root, each token less sure than its parent
+    tokens, parents, chain, node = draft.tokens.tolist(), draft.tree.parents, [], 0
+    for want in (7, 8, 9, 5):
+        node = next(v for v in range(1, len(tokens) + 1) if parents[v - 1] == node and tokens[v - 1] == want)
+        chain.append(draft.node_probs[node - 1])
+    assert chain == sorted(chain, reverse=True) and chain[-1] < chain[0]
 
 
 def test_goodput_in_the_batched_engine_keeps_every_output(tiny_llama):

@@ -5,18 +5,24 @@ t(B, R): B requests of R rows each. A request b whose R - 1 most likely draft no
 probabilities p_b(1) >= p_b(2) >= ... emits on average 1 + sum_{i < R} p_b(i) tokens, so the step's
 goodput is
 
-    G(R) = sum_b (1 + sum_{i < R} p_b(i)) / (t(B, R) + h)
+    G(R) = sum_b (1 + sum_{i < R} p_b(i)) / (t(B, R) + h_draft)     (R > 1)
+    G(1) = B / (t(B, 1) + h_plain)
 
-where h is the step's host work that the forward's curve leaves out (drafting, verification, cache
-compaction), a running mean of each step's measured time minus t(B, R): it is paid whatever R is,
-so the more of it there is, the more a wider step pays. The policy verifies, each step, the R that
-maximises it (R = 1: every request decodes plainly, which is batched AR). When that is R = 1, the next
-steps do not draft at all (a tree no one verifies costs host time AR does not pay): the policy skips
-1, 2, 4, ... up to 16 steps before it drafts again to see whether speculation pays by then
-(SmartSpec's rule: no speculation, no draft). Each request then keeps its R - 1 best nodes, a parent-closed sub-tree (p is
-non-increasing down every path). p comes from per-request decayed rates of acceptance given the
-parent was accepted, by (depth, sibling rank) (`RateTable`), started from the rates pooled over the
-requests seen so far, so the policy works for any tree method.
+where h is the step's host work that the forward's curve leaves out, a running mean of each step's
+measured time minus t(B, R): h_draft over the steps that drafted (drafting, ranking, verifying a
+tree, compacting the cache), h_plain over those that did not. A plain step is what batched AR pays;
+a speculative step pays the drafting too, so speculation must win by that much before the policy
+takes it (with one h for both, a slow drafter would make every extra row look cheaper).
+
+The policy verifies, each step, the R that maximises G (R = 1: every request decodes plainly, which is
+batched AR). When that is R = 1, the next steps do not draft at all (a tree no one verifies costs
+host time AR does not pay): the policy skips 1, 2, 4, ... up to 16 steps before it drafts again to
+see whether speculation pays by then (SmartSpec's rule: no speculation, no draft). Otherwise each
+request keeps its R - 1 best nodes, a parent-closed sub-tree (p is non-increasing down every path). p is the drafter's own estimate where it gives one
+(`Draft.node_probs`: tr_adaptive's and tr_fused's confidences, EAGLE-2's path scores), else it comes
+from per-request decayed rates of acceptance given the parent was accepted, by (depth, sibling rank)
+(`RateTable`), started from the rates pooled over the requests seen so far, so the policy works for
+any tree method.
 
 `BatchCost` is t(B, R) measured on the batched forward (`measure_batch_cost`), interpolated in R and
 in B. `FixedSpeculation` keeps every draft whole: what a serving engine does with a fixed
@@ -138,11 +144,12 @@ def measure_batch_cost(model, batches=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8, 16, 32
 
 
 def best_row_budget(sorted_p: list[list[float]], cost: BatchCost, max_rows: int, host_s: float = 0.0,
-                    context: int | None = None) -> int:
+                    context: int | None = None, plain_host_s: float | None = None) -> int:
     """argmax_R sum_b (1 + sum(sorted_p[b][:R - 1])) / (t(B, R, L) + host_s) over R = 1 .. max_rows (ties:
-    fewer rows)."""
+    fewer rows), where R = 1, a step that drafts nothing, pays `plain_host_s` (default: host_s)."""
     batch = len(sorted_p)
-    best_r, best_rate = 1, batch / (cost.t(batch, 1, context) + host_s)
+    plain = host_s if plain_host_s is None else plain_host_s
+    best_r, best_rate = 1, batch / (cost.t(batch, 1, context) + plain)
     for r in range(2, max_rows + 1):
         expected = sum(1.0 + sum(p[: r - 1]) for p in sorted_p)
         rate = expected / (cost.t(batch, r, context) + host_s)
@@ -210,7 +217,9 @@ class BatchGoodput(FixedSpeculation):
         prior = [0.5 / (1 + r) for _ in range(MAX_DEPTH) for r in range(MAX_RANK)]  # weak: top sibling 1/2
         self.pool = RateTable(prior, prior_steps, half_life)
         self.last_budget = 1
-        self.host_s = 0.0  # running mean of a step's time beyond the forward's t(B, R)
+        # running means of a step's time beyond the forward's t(B, R): steps that drafted, steps that did not
+        self.host_s, self.plain_host_s = 0.0, 0.0
+        self._seen_plain = False
 
     def wants_drafts(self) -> bool:
         self.drafted = self.skip_left == 0
@@ -218,10 +227,18 @@ class BatchGoodput(FixedSpeculation):
         return self.drafted
 
     def observe_step(self, active: int, rows: int, seconds: float, context: int | None = None) -> None:
-        if not self.drafted:  # the host work that matters is a drafting step's
-            return
         beyond = max(0.0, seconds - self.cost.t(active, rows, context))
-        self.host_s += 0.1 * (beyond - self.host_s)
+        if self.drafted:
+            self.host_s += 0.1 * (beyond - self.host_s)
+        elif self._seen_plain:
+            self.plain_host_s += 0.1 * (beyond - self.plain_host_s)
+        else:  # the first plain step: its own figure, not a tenth of it
+            self.plain_host_s, self._seen_plain = beyond, True
+
+    def _plain_host(self) -> float:
+        """What a step that drafts nothing pays beyond t(B, 1): measured once there was one, until
+        then the drafting steps' figure (so that the first steps do not favour speculation)."""
+        return self.plain_host_s if self._seen_plain else self.host_s
 
     def _table(self, key) -> RateTable:
         if key not in self.rates:
@@ -234,13 +251,17 @@ class BatchGoodput(FixedSpeculation):
             if draft is None or draft.n_extra:  # extra rows (Lookahead's window) are not tree nodes
                 ranked.append(([], []))
                 continue
-            q = self._table(key).rates()
-            p = monotone_down(path_probabilities(draft.tree.parents, [q[c] for c in node_cells(draft.tree)]),
-                              draft.tree.parents)
+            if draft.node_probs is not None:  # the drafter's own estimates (tr_adaptive, tr_fused, EAGLE-2)
+                p = monotone_down(draft.node_probs, draft.tree.parents)
+            else:
+                q = self._table(key).rates()
+                p = monotone_down(path_probabilities(draft.tree.parents, [q[c] for c in node_cells(draft.tree)]),
+                                  draft.tree.parents)
             order = sorted(range(len(p)), key=lambda i: (-p[i], i))
             ranked.append(([i + 1 for i in order], [p[i] for i in order]))
         widest = max((len(nodes) for nodes, _ in ranked), default=0) + 1
-        budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest), self.host_s, context)
+        budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest), self.host_s, context,
+                                 self._plain_host())
         self.last_budget = budget
         if budget == 1:  # no speculation pays now: skip drafting for a while, longer each time
             self.skip_left, self.next_skip = self.next_skip, min(2 * self.next_skip, self.max_skip)

@@ -242,7 +242,9 @@ class Eagle(Drafter):
             chosen.append(cand)
             node_of[cand] = len(chosen)
         index = to_device(torch.tensor(chosen), tokens.device)
-        return Draft(tokens=tokens.index_select(0, index), tree=DraftTree(tree_parents))
+        # the draft head's path probabilities: what a batch policy ranks this tree's nodes by
+        probs = host[0, chosen].exp().tolist()
+        return Draft(tokens=tokens.index_select(0, index), tree=DraftTree(tree_parents), node_probs=probs)
 
     def _static_draft(self, root_feature: torch.Tensor, root_pos: int) -> Draft:
         """EAGLE-1: node i takes rank ranks[i] of its parent's head scores; one forward per level."""

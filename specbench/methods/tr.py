@@ -397,16 +397,16 @@ class AdaptiveTokenRecycling(TokenRecycling):
         q = [rates[self._cell(c[v], v, bucket)] for v in range(1, self.tree.size)]
         return path_probabilities(self.tree.parents, q)
 
-    def _nodes(self, bucket: int, conf: torch.Tensor | None) -> tuple[int, ...]:
-        if conf is not None:  # per-step confidences: a fresh choice every step
-            return choose_nodes(self._probabilities(bucket, conf), self.tree.parents, self.step_times,
-                                self.min_gain)
+    def _nodes(self, bucket: int, p: list[float], per_step: bool) -> tuple[int, ...]:
+        """The sub-tree to draft from this step's p(v): chosen afresh with per-step confidences, else
+        only when the slot statistics have changed."""
+        if per_step:
+            return choose_nodes(p, self.tree.parents, self.step_times, self.min_gain)
         version = self.stats.version[bucket]
         cached = self._choice.get(bucket)
         if cached is None or cached[0] != version:
-            nodes = choose_nodes(self.stats.probabilities(bucket), self.tree.parents, self.step_times,
-                                 self.min_gain)
-            cached = self._choice[bucket] = (version, nodes)
+            cached = self._choice[bucket] = (version, choose_nodes(p, self.tree.parents, self.step_times,
+                                                                   self.min_gain))
         return cached[1]
 
     def _subtree(self, nodes: tuple[int, ...]) -> tuple[DraftTree, torch.Tensor]:
@@ -438,14 +438,15 @@ class AdaptiveTokenRecycling(TokenRecycling):
 
     def propose(self, state: DecodeState) -> Draft | None:
         tokens, host_conf, bucket = self._prepare(state)
-        nodes = self._nodes(bucket, host_conf)
+        p = self._probabilities(bucket, host_conf)
+        nodes = self._nodes(bucket, p, host_conf is not None)
         self._drafted = nodes
         if not nodes:
             self.plain_steps += 1
             return None
         self.drafted_steps += 1
         tree, index = self._subtree(nodes)
-        return Draft(tokens=tokens[index], tree=tree)
+        return Draft(tokens=tokens[index], tree=tree, node_probs=[p[v - 1] for v in nodes])
 
     def _write(self, tokens: torch.Tensor, logits: torch.Tensor, duplicates: bool = True):
         top, last = super()._write(tokens, logits, duplicates)

@@ -176,7 +176,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         sent = to_device([*extra, *nodes], self.device, torch.long)
         if extra:
             tokens = torch.cat([tokens, sent[: len(extra)]])
-        return Draft(tokens=tokens[sent[len(extra):]], tree=tree)
+        return Draft(tokens=tokens[sent[len(extra):]], tree=tree, node_probs=[p[v - 1] for v in nodes])
 
     # -- statistics ------------------------------------------------------------------------------
     def _count(self, outcome: StepOutcome) -> None:
