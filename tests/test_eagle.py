@@ -5,6 +5,7 @@ three temperatures are test_lossless_methods.py's)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -104,6 +105,8 @@ def test_the_rerank_keeps_the_most_confident_candidates_as_a_tree():
     draft = drafter._rerank(scores, tokens, parents)
     assert draft.tokens.tolist() == [10, 11, 12]
     assert list(draft.tree.parents) == [0, 0, 1]
+    # the path probabilities travel with the draft, for a batch policy to rank its nodes by
+    assert draft.node_probs == pytest.approx([math.exp(-0.5), math.exp(-1.0), math.exp(-0.5)])
 
 
 def test_the_dynamic_tree_grows_from_the_most_confident_paths(tiny_llama, tmp_path):
