@@ -98,6 +98,12 @@ def test_a_drafters_own_node_probabilities_rank_its_nodes():
     # a child's estimate above its parent's is capped by it: node 3 is never kept before node 1
     (cut,) = policy.choose([Draft(tokens=torch.tensor([11, 12, 13]), tree=tree, node_probs=[0.3, 0.2, 0.95])], ["a"])
     assert cut.tokens.tolist() == [11]
+    # the drafter's scale is checked against outcomes: when its sure nodes (q in 0.9-1) keep failing and
+    # its doubtful one keeps being accepted, the batch's rates rank them the other way round
+    for _ in range(40):
+        policy.observe("a", sure, [1])
+    (cut,) = policy.choose([sure], ["a"])
+    assert cut.tokens.tolist() == [11]
 
 
 def test_tr_fused_hands_its_confidences_to_the_policy(tiny_llama):

@@ -19,7 +19,9 @@ batched AR). When that is R = 1, the next steps do not draft at all (a tree no o
 host time AR does not pay): the policy skips 1, 2, 4, ... up to 16 steps before it drafts again to
 see whether speculation pays by then (SmartSpec's rule: no speculation, no draft). Otherwise each
 request keeps its R - 1 best nodes, a parent-closed sub-tree (p is non-increasing down every path). p is the drafter's own estimate where it gives one
-(`Draft.node_probs`: tr_adaptive's and tr_fused's confidences, EAGLE-2's path scores), else it comes
+(`Draft.node_probs`: tr_adaptive's and tr_fused's confidences, EAGLE-2's path scores), calibrated on
+the batch's outcomes (the rate at which nodes it gave q = p / p(parent) in each tenth were accepted
+given their parent was), else it comes
 from per-request decayed rates of acceptance given the parent was accepted, by (depth, sibling rank)
 (`RateTable`), started from the rates pooled over the requests seen so far, so the policy works for
 any tree method.
@@ -48,6 +50,18 @@ from specbench.hardware.goodput import RateTable, monotone_down, path_probabilit
 from specbench.hardware.timing import now
 
 MAX_DEPTH, MAX_RANK = 16, 4  # rate cells: depth 1..16 (deeper shares 16's) x sibling rank 0..3 (more shares 3)
+CAL_BINS = 10  # a drafter's own estimates are calibrated in bins of width 0.1
+
+
+def conditional_bins(node_probs: list[float], parents) -> list[int]:
+    """Each node's bin of q = p(node) / p(parent), the drafter's probability that it is accepted
+    given its parent was (the root's p is 1)."""
+    bins = []
+    for p, par in zip(node_probs, parents):
+        above = 1.0 if par == 0 else node_probs[par - 1]
+        q = min(1.0, p / above) if above > 0 else 0.0
+        bins.append(min(int(q * CAL_BINS), CAL_BINS - 1))
+    return bins
 
 
 @dataclass
@@ -216,6 +230,9 @@ class BatchGoodput(FixedSpeculation):
         # same method on the same model), not from the prior, so it does not explore afresh
         prior = [0.5 / (1 + r) for _ in range(MAX_DEPTH) for r in range(MAX_RANK)]  # weak: top sibling 1/2
         self.pool = RateTable(prior, prior_steps, half_life)
+        # how often a node the drafter put in bin k (given its parent) was accepted, over the batch:
+        # its ranking is trusted, its scale checked (a fresh drafter's priors are optimistic)
+        self.calibration = RateTable([(k + 0.5) / CAL_BINS for k in range(CAL_BINS)], prior_steps, half_life)
         self.last_budget = 1
         # running means of a step's time beyond the forward's t(B, R): steps that drafted, steps that did not
         self.host_s, self.plain_host_s = 0.0, 0.0
@@ -252,7 +269,9 @@ class BatchGoodput(FixedSpeculation):
                 ranked.append(([], []))
                 continue
             if draft.node_probs is not None:  # the drafter's own estimates (tr_adaptive, tr_fused, EAGLE-2)
-                p = monotone_down(draft.node_probs, draft.tree.parents)
+                q = self.calibration.rates()
+                p = path_probabilities(draft.tree.parents,
+                                       [q[k] for k in conditional_bins(draft.node_probs, draft.tree.parents)])
             else:
                 q = self._table(key).rates()
                 p = monotone_down(path_probabilities(draft.tree.parents, [q[c] for c in node_cells(draft.tree)]),
@@ -278,15 +297,22 @@ class BatchGoodput(FixedSpeculation):
                 continue
             index = to_device(torch.tensor([v - 1 for v in keep]), draft.tokens.device)
             out.append(Draft(tokens=draft.tokens.index_select(0, index),
-                             tree=DraftTree(subtree_parents(keep, draft.tree.parents))))
+                             tree=DraftTree(subtree_parents(keep, draft.tree.parents)),
+                             node_probs=None if draft.node_probs is None else [draft.node_probs[v - 1] for v in keep]))
         return out
 
     def observe(self, key, draft: Draft | None, accepted: list[int]) -> None:
         """A trial for every drafted node whose parent was on the accepted path (the root always is)."""
         if draft is None or draft.n_extra:
             return
-        tables = (self._table(key), self.pool)
         on_path = {0, *accepted}
+        if draft.node_probs is not None:
+            for node, k in enumerate(conditional_bins(draft.node_probs, draft.tree.parents), start=1):
+                if draft.tree.parents[node - 1] in on_path:
+                    self.calibration.add(k, node in on_path)
+            self.calibration.next_step()
+            return
+        tables = (self._table(key), self.pool)
         for node, cell in enumerate(node_cells(draft.tree), start=1):
             if draft.tree.parents[node - 1] in on_path:
                 for table in tables:
