@@ -62,6 +62,9 @@ def test_speculation_must_also_pay_for_the_drafting_that_plain_steps_skip():
     assert best_row_budget(likely, cost, 4, host_s=1.0) == 4  # drafting costs what a plain step does too
     # drafting costs 5 s more than a plain step: 3.7 tokens in 10.5 s lose to 1 token in 2.5 s
     assert best_row_budget(likely, cost, 4, host_s=6.0, plain_host_s=1.0) == 1
+    # a margin: 3.7 tokens in 5.5 s beat 1 in 2.5 s by 68%, not by the 70% asked
+    assert best_row_budget(likely, cost, 4, host_s=1.0, min_gain=0.7) == 1
+    assert best_row_budget(likely, cost, 4, host_s=1.0, min_gain=0.6) == 4
     policy = BatchGoodput(cost)
     policy.drafted = False
     policy.observe_step(1, 1, cost.t(1, 1) + 0.25)  # a plain step's host work is kept apart from drafting's

@@ -158,12 +158,13 @@ def measure_batch_cost(model, batches=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8, 16, 32
 
 
 def best_row_budget(sorted_p: list[list[float]], cost: BatchCost, max_rows: int, host_s: float = 0.0,
-                    context: int | None = None, plain_host_s: float | None = None) -> int:
+                    context: int | None = None, plain_host_s: float | None = None, min_gain: float = 0.0) -> int:
     """argmax_R sum_b (1 + sum(sorted_p[b][:R - 1])) / (t(B, R, L) + host_s) over R = 1 .. max_rows (ties:
-    fewer rows), where R = 1, a step that drafts nothing, pays `plain_host_s` (default: host_s)."""
+    fewer rows), where R = 1, a step that drafts nothing, pays `plain_host_s` (default: host_s) and
+    speculation must beat it by the factor 1 + min_gain (a margin for misjudged rates)."""
     batch = len(sorted_p)
     plain = host_s if plain_host_s is None else plain_host_s
-    best_r, best_rate = 1, batch / (cost.t(batch, 1, context) + plain)
+    best_r, best_rate = 1, (1 + min_gain) * batch / (cost.t(batch, 1, context) + plain)
     for r in range(2, max_rows + 1):
         expected = sum(1.0 + sum(p[: r - 1]) for p in sorted_p)
         rate = expected / (cost.t(batch, r, context) + host_s)
@@ -220,8 +221,8 @@ class BatchGoodput(FixedSpeculation):
     name = "goodput"
 
     def __init__(self, cost: BatchCost, max_rows: int = 64, prior_steps: float = 4.0, half_life: float = 200.0,
-                 max_skip: int = 16):
-        self.cost, self.max_rows, self.max_skip = cost, max_rows, max_skip
+                 max_skip: int = 16, min_gain: float = 0.0):
+        self.cost, self.max_rows, self.max_skip, self.min_gain = cost, max_rows, max_skip, min_gain
         self.skip_left, self.next_skip = 0, 1  # steps left without drafting; how many the next plain choice skips
         self.drafted = True  # whether the step being timed drafted
         self.prior_steps, self.half_life = prior_steps, half_life
@@ -280,7 +281,7 @@ class BatchGoodput(FixedSpeculation):
             ranked.append(([i + 1 for i in order], [p[i] for i in order]))
         widest = max((len(nodes) for nodes, _ in ranked), default=0) + 1
         budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest), self.host_s, context,
-                                 self._plain_host())
+                                 self._plain_host(), self.min_gain)
         self.last_budget = budget
         if budget == 1:  # no speculation pays now: skip drafting for a while, longer each time
             self.skip_left, self.next_skip = self.next_skip, min(2 * self.next_skip, self.max_skip)
