@@ -12,7 +12,8 @@ the first, MAT, and losslessness: every request's tokens against its own batch-s
 (exact in float32; a differing token is checked against the target's choice within the rounding
 band, benchmark/lossless.py). Speedups are against batched AR at the same B or rate (the same
 invocation, unless a resumed sweep split them). With --repeats N every configuration runs N times,
-round by round (AR, then each method and policy, then again), and a speedup is the mean of each
+round by round (AR and each method and policy at one B next to each other, in reverse order every
+other round), and a speedup is the mean of each
 round's ratio to the same round's AR, the rounds' range beside it: this CPU's speed drifts by ~10%
 within minutes, so only ratios taken close together, and repeated, separate policies. A line per
 configuration and round is appended to OUT/results.jsonl as it finishes; a rerun skips the ones
@@ -85,6 +86,21 @@ def run_single(single: Engine, model, prompts, refs, args, method, cost) -> dict
     return {"tokens": tokens, "wall_s": round(wall, 3), "throughput": round(tokens / wall, 2),
             "mat": round(sum(sum(r.accept_lengths) for r in results) / max(steps, 1), 3),
             "requests": len(results), "exact_vs_ar": sum(r.tokens == ref for r, ref in zip(results, refs))}
+
+
+def schedule(configs: list[tuple], repeats: int) -> list[tuple]:
+    """(round, *config) in run order: round by round, the single-request runs in the first only. Within
+    a round the configurations of one load and batch size (or rate) stay together, AR among them, in
+    reverse order every other round: the machine's drift over a few minutes then favours no method."""
+    out = []
+    for k in range(1, repeats + 1):
+        groups: dict = {}
+        for c in configs:
+            if k == 1 or c[0] != "single":
+                groups.setdefault((c[0], c[3], c[4]), []).append(c)
+        for group in groups.values():
+            out += [(k, *c) for c in (group if k % 2 else group[::-1])]
+    return out
 
 
 def combine(rows: list[dict], load: str) -> list[dict]:
@@ -172,6 +188,7 @@ def plots(rows: list[dict], out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     out.mkdir(parents=True, exist_ok=True)
     for load, x, name, xlabel, ylabel in (
@@ -191,6 +208,8 @@ def plots(rows: list[dict], out: Path) -> None:
         ax.axhline(1.0, color="grey", lw=0.8)
         if load == "closed":
             ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted({r[x] for r in combined}))
+            ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
@@ -249,8 +268,7 @@ def main(argv=None) -> None:
                 if m == "ar" or pol != "fixed" or fixed_at is None or b in fixed_at]
     configs += [("poisson", m, pol, args.rate_batch, float(r)) for r in filter(None, args.rates.split(","))
                 for m in methods for pol in (["fixed"] if m == "ar" else args.policies.split(","))]
-    rounds = [(k, *c) for k in range(1, args.repeats + 1) for c in configs if k == 1 or c[0] != "single"]
-    for round_, load, method, policy, batch, rate in rounds:
+    for round_, load, method, policy, batch, rate in schedule(configs, args.repeats):
         if (load, method, policy, batch, rate, round_) in done:
             continue
         arrivals = poisson_arrivals(len(prompts), rate, args.seed)

@@ -54,3 +54,12 @@ def test_old_lines_without_a_round_count_as_round_one(sweep, tmp_path):
     assert tr["speedup"] == pytest.approx(1.2)
     sweep.plots(rows, tmp_path)
     assert (tmp_path / "speedup_vs_batch.png").stat().st_size > 0
+
+
+def test_every_other_round_runs_a_batch_size_in_reverse(sweep):
+    configs = [("single", "ar", "fixed", 1, None), ("closed", "ar", "fixed", 1, None), ("closed", "tr", "goodput", 1, None),
+               ("closed", "ar", "fixed", 4, None), ("closed", "tr", "goodput", 4, None)]
+    order = [(k, c[1], c[3]) for k, *c in sweep.schedule(configs, 3)]
+    assert order == [(1, "ar", 1), (1, "ar", 1), (1, "tr", 1), (1, "ar", 4), (1, "tr", 4),
+                     (2, "tr", 1), (2, "ar", 1), (2, "tr", 4), (2, "ar", 4),
+                     (3, "ar", 1), (3, "tr", 1), (3, "ar", 4), (3, "tr", 4)]
