@@ -18,11 +18,11 @@ The policy verifies, each step, the R that maximises G (R = 1: every request dec
 batched AR). When that is R = 1, the next steps do not draft at all (a tree no one verifies costs
 host time AR does not pay): the policy skips 1, 2, 4, ... up to 16 steps before it drafts again to
 see whether speculation pays by then (SmartSpec's rule: no speculation, no draft). Otherwise each
-request keeps its R - 1 best nodes, a parent-closed sub-tree (p is non-increasing down every path). p is the drafter's own estimate where it gives one
-(`Draft.node_probs`: tr_adaptive's and tr_fused's confidences, EAGLE-2's path scores), calibrated on
-the batch's outcomes (the rate at which nodes it gave q = p / p(parent) in each tenth were accepted
-given their parent was), else it comes
-from per-request decayed rates of acceptance given the parent was accepted, by (depth, sibling rank)
+request keeps its R - 1 best nodes, a parent-closed sub-tree (p is non-increasing down every path).
+p is the drafter's own estimate where it gives one (`Draft.node_probs`: tr_adaptive's and tr_fused's
+confidences, EAGLE-2's path scores), calibrated on the batch's outcomes (the rate at which nodes it
+gave q = p / p(parent) in each tenth were accepted given their parent was), else it comes from
+per-request decayed rates of acceptance given the parent was accepted, by (depth, sibling rank)
 (`RateTable`), started from the rates pooled over the requests seen so far, so the policy works for
 any tree method.
 
