@@ -44,6 +44,7 @@ from specbench.decoding.batched import BatchedEngine, DrafterPool, Request  # no
 from specbench.decoding.engine import Engine  # noqa: E402
 from specbench.hardware.batch_goodput import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost  # noqa: E402
 from specbench.hardware.cost import CostCurve  # noqa: E402
+from specbench.hardware.host_memory import HOST_MEMORY, apply_host_memory  # noqa: E402
 from specbench.inputs.chat import prompt_ids  # noqa: E402
 from specbench.inputs.models import eos_token_ids, load_model, named_model_config  # noqa: E402
 from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask  # noqa: E402
@@ -235,6 +236,8 @@ def parse_args(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--host-memory", choices=HOST_MEMORY, default="keep",
+                    help="keep: freed host memory stays for reuse (hardware/host_memory.py); system: libc's defaults")
     return ap.parse_args(argv)
 
 
@@ -242,6 +245,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    host_memory = apply_host_memory(args.host_memory)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
@@ -279,7 +283,7 @@ def main(argv=None) -> None:
             figures = run_config(engine, model, prompts, refs, args, method, policy, cost, batch, arrivals)
         row = {"load": load, "method": method, "policy": policy, "batch": batch, "rate": rate, "round": round_, **figures,
                "max_new_tokens": args.max_new_tokens, "questions": len(prompts), "seed": args.seed,
-               "torch_threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+               "torch_threads": torch.get_num_threads(), "host_memory": host_memory, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
         append_jsonl(results, row)
         print(f"[{round_}] {load} {method} {policy} B={batch} rate={rate}: {figures['throughput']} tok/s, MAT {figures['mat']}, "
               f"{figures['exact_vs_ar']}/{len(prompts)} exact ({time.time() - t0:.0f} s)", flush=True)

@@ -77,6 +77,8 @@ CASES = [
      r"request_rate must be positive \(requests per second\) or null, got -1", "in-process"),
     ("unknown batch speculation", ["batch_size=4", "batch_speculation=sometimes"],
      r"batch_speculation must be fixed or goodput, got 'sometimes'", "in-process"),
+    ("unknown host memory policy", ["host_memory=pool"], r"host_memory must be keep or system, got 'pool'",
+     "in-process"),
     ("sampling in a batched run", ["batch_size=4", "temperature=0.7"],
      r"batched runs \(batch_size > 1 or request_rate\) decode greedily; set temperature=0", "in-process"),
     ("compiled batched run", ["request_rate=2", "compile=on"],

@@ -3,6 +3,7 @@ losslessness when it cuts drafts inside the batched engine."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specbench.decoding.batched import BatchedEngine, Request
@@ -65,10 +66,34 @@ def test_speculation_must_also_pay_for_the_drafting_that_plain_steps_skip():
     # a margin: 3.7 tokens in 5.5 s beat 1 in 2.5 s by 68%, not by the 70% asked
     assert best_row_budget(likely, cost, 4, host_s=1.0, min_gain=0.7) == 1
     assert best_row_budget(likely, cost, 4, host_s=1.0, min_gain=0.6) == 4
-    policy = BatchGoodput(cost)
+    policy = BatchGoodput(cost, host_half_life=1.0)
+    policy.observe_step(1, 4, cost.t(1, 4) + 3.0)  # a tree step
     policy.drafted = False
     policy.observe_step(1, 1, cost.t(1, 1) + 0.25)  # a plain step's host work is kept apart from drafting's
-    assert policy.plain_host_s == 0.25 and policy.host_s == 0.0
+    # the tree step, aged one half-life, against a prior of one fresh sample (the plain step: no probe yet)
+    assert policy.plain_host_s == 0.25 and policy.host_s == pytest.approx((3.0 / 2 + 0.25) / (1 / 2 + 1))
+
+
+def test_one_slow_tree_step_fades_and_steady_ones_are_learned():
+    cost = flat_cost(1.0, base=0.5)
+    likely = [[0.9, 0.9, 0.9]]
+    policy = BatchGoodput(cost, host_half_life=8.0)
+    policy.observe_step(1, 1, cost.t(1, 1) + 0.5)  # a probe: drafted, verified nothing
+    assert policy.host_s == policy.plain_host_s == 0.5  # until there was a tree step, its figure
+    policy.observe_step(1, 8, cost.t(1, 8) + 4.0)  # one slow tree step (a cold shape) counts ...
+    assert policy.host_s == pytest.approx((4.0 + 0.5) / 2)
+    policy.drafted = False
+    policy.observe_step(1, 1, cost.t(1, 1) + 0.1)
+    # ... and keeps 3 likely nodes out: 3.7 tokens in 4.5 s + h_draft lose to 1 in 1.5 s + 0.1 s
+    assert best_row_budget(likely, cost, 4, policy.host_s, None, policy.plain_host_s) == 1
+    for _ in range(32):  # four half-lives of plain steps: it fades towards the probes' figure
+        policy.observe_step(1, 1, cost.t(1, 1) + 0.1)
+    assert policy.host_s < 0.75
+    assert best_row_budget(likely, cost, 4, policy.host_s, None, policy.plain_host_s) == 4
+    policy.drafted = True
+    for _ in range(64):  # tree steps that are all that slow: their figure is learned
+        policy.observe_step(1, 8, cost.t(1, 8) + 4.0)
+    assert 3.6 < policy.host_s <= 4.0  # (4 W + 0.5) / (W + 1), W ~ 12 samples' weight at this half-life
 
 
 def test_each_request_keeps_its_most_likely_nodes_as_a_subtree():

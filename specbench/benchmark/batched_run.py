@@ -157,6 +157,7 @@ def serving_summary(cfg: dict, side: dict, ar_side: dict | None, checks: list[di
     return {
         "method": cfg["method"]["name"], "method_params": method_params(cfg), "model": cfg["model"]["name"],
         "task": cfg["task"]["name"], "dtype": cfg["dtype"], "device": cfg["device_name"], "forward": cfg["forward"],
+        "host_memory": cfg["host_memory"],
         "max_new_tokens": cfg["max_new_tokens"], "batch_size": cfg["batch_size"],
         "request_rate": cfg["request_rate"], "batch_speculation": cfg["batch_speculation"], **fig,
         "baseline_throughput": base["throughput"] if base else None,

@@ -78,6 +78,9 @@ class RunConfig:
     # The compiled CPU forward's matrix products: packed (our AVX2 kernel, float32), inductor (inductor's
     # own), auto (packed where it builds). A forward that cannot run here steps down with one warning.
     compile_products: str = "auto"
+    # keep: the host's freed memory stays for reuse (glibc would hand it back and page-fault it in again,
+    # a cost that grows with how much a method varies its rows: hardware/host_memory.py) | system
+    host_memory: str = "keep"
     warmup: int = 3  # warm-up generations before timing (Spec-Bench uses 3)
     # builtin: warm up on a prompt in no task, then reset every drafter (nothing a measured question
     # produces reaches a drafter before it is timed); first_question: Spec-Bench's protocol

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from specbench.hardware import cost, roofline
+from specbench.hardware.host_memory import apply_host_memory
 from specbench.benchmark import config as _config  # noqa: F401  (registers the typed settings with Hydra)
 from specbench.benchmark import baselines, lossless, metrics
 from specbench.inputs.chat import answer_text, prompt_ids
@@ -227,7 +228,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
                              or r.get("lossless", {}).get("tokens", {}).get("tokens_outside_band")],
         "drafter_stats": metrics.sum_statistics([r.get("drafter_stats") for r in records]),
         "warmup": cfg["warmup"], "warmup_on": cfg["warmup_on"],
-        "forward": cfg.get("forward", "eager"),
+        "forward": cfg.get("forward", "eager"), "host_memory": cfg.get("host_memory", "system"),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -341,6 +342,7 @@ def prepared_settings(cfg: dict) -> dict:
     cfg["device"] = str(device)
     cfg["dtype"] = run_dtype(cfg["dtype"], device, cfg["model"])  # auto: by device and model (results name it)
     cfg["forward"] = choose_run_forward(cfg, device, resolve_dtype(cfg["dtype"]))
+    cfg["host_memory"] = apply_host_memory(cfg.get("host_memory", "keep"))  # what is in effect
     cfg["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
     return cfg

@@ -12,6 +12,7 @@ from specbench.decoding.forward_choice import planned_forward
 from specbench.environment import check_torch_version
 from specbench.errors import SettingsError
 from specbench.hardware.cost import load_curve_file
+from specbench.hardware.host_memory import HOST_MEMORY
 from specbench.inputs.models import check_model_config, resolve_device, resolve_dtype, run_dtype
 from specbench.inputs.tasks import load_task
 from specbench.registry import drafter_class
@@ -64,6 +65,8 @@ def validate(cfg: dict) -> None:
         raise SettingsError(f"repeat must be 0 (a single run) or a positive run number, got {cfg['repeat']}")
     if cfg["warmup_on"] not in WARMUP_ON:
         raise SettingsError(f"warmup_on must be one of {', '.join(WARMUP_ON)}, got '{cfg['warmup_on']}'")
+    if cfg.get("host_memory", "keep") not in HOST_MEMORY:
+        raise SettingsError(f"host_memory must be keep or system, got '{cfg['host_memory']}'")
     if cfg["baseline"] not in BASELINES:
         raise SettingsError(f"baseline must be interleave, reuse, shared or none, got '{cfg['baseline']}'")
     check_serving(cfg)

@@ -8,11 +8,16 @@ goodput is
     G(R) = sum_b (1 + sum_{i < R} p_b(i)) / (t(B, R) + h_draft)     (R > 1)
     G(1) = B / (t(B, 1) + h_plain)
 
-where h is the step's host work that the forward's curve leaves out, a running mean of each step's
-measured time minus t(B, R): h_draft over the steps that drafted (drafting, ranking, verifying a
-tree, compacting the cache), h_plain over those that did not. A plain step is what batched AR pays;
-a speculative step pays the drafting too, so speculation must win by that much before the policy
-takes it (with one h for both, a slow drafter would make every extra row look cheaper).
+where h is the step's host work that the forward's curve leaves out, measured as each step's time
+minus t(B, R), by kind of step. h_plain is over steps that did not draft: what batched AR pays.
+h_draft is over steps that verified a tree (drafting, ranking, the tree's mask, compacting the
+cache, and whatever the warm curve leaves out of a new shape's first forward), so speculation must
+win by that much before the policy takes it (with one h for both, a slow drafter would make every
+extra row look cheaper). Tree steps are few where speculation barely pays, and one slow one (a cold
+shape, a slow spell of the machine) would otherwise keep the policy from ever trying again: so their
+samples age (their weight halves every `host_half_life` steps) and h_draft is shrunk towards the
+figure of probes (steps that drafted but verified nothing: drafting alone), worth one fresh sample.
+Each running mean starts at its first sample; until there is one, h_plain is the drafting steps'.
 
 The policy verifies, each step, the R that maximises G (R = 1: every request decodes plainly, which is
 batched AR). When that is R = 1, the next steps do not draft at all (a tree no one verifies costs
@@ -191,6 +196,37 @@ def node_cells(tree: DraftTree) -> list[int]:
     return cells
 
 
+class RunningMean:
+    """A decayed mean (each new sample weighs `weight`) that starts at its first sample."""
+
+    def __init__(self, weight: float = 0.1):
+        self.value, self.seen, self.weight = 0.0, False, weight
+
+    def add(self, x: float) -> None:
+        self.value = self.value + self.weight * (x - self.value) if self.seen else x
+        self.seen = True
+
+
+class AgingMean:
+    """A mean of samples whose weights halve every `half_life` ticks, shrunk towards a prior worth
+    `prior_weight` fresh samples: old evidence fades back to the prior unless new samples renew it."""
+
+    def __init__(self, half_life: float, prior_weight: float = 1.0):
+        self.decay, self.prior_weight = 0.5 ** (1.0 / half_life), prior_weight
+        self.total, self.weight = 0.0, 0.0
+
+    def add(self, x: float) -> None:
+        self.total += x
+        self.weight += 1.0
+
+    def tick(self) -> None:
+        self.total *= self.decay
+        self.weight *= self.decay
+
+    def value(self, prior: float) -> float:
+        return (self.total + self.prior_weight * prior) / (self.weight + self.prior_weight)
+
+
 class FixedSpeculation:
     """Every request verifies its drafter's whole draft (the padded batch costs the widest one)."""
 
@@ -221,7 +257,7 @@ class BatchGoodput(FixedSpeculation):
     name = "goodput"
 
     def __init__(self, cost: BatchCost, max_rows: int = 64, prior_steps: float = 4.0, half_life: float = 200.0,
-                 max_skip: int = 16, min_gain: float = 0.0):
+                 max_skip: int = 16, min_gain: float = 0.0, host_half_life: float = 32.0):
         self.cost, self.max_rows, self.max_skip, self.min_gain = cost, max_rows, max_skip, min_gain
         self.skip_left, self.next_skip = 0, 1  # steps left without drafting; how many the next plain choice skips
         self.drafted = True  # whether the step being timed drafted
@@ -235,9 +271,22 @@ class BatchGoodput(FixedSpeculation):
         # its ranking is trusted, its scale checked (a fresh drafter's priors are optimistic)
         self.calibration = RateTable([(k + 0.5) / CAL_BINS for k in range(CAL_BINS)], prior_steps, half_life)
         self.last_budget = 1
-        # running means of a step's time beyond the forward's t(B, R): steps that drafted, steps that did not
-        self.host_s, self.plain_host_s = 0.0, 0.0
-        self._seen_plain = False
+        # a step's time beyond the forward's t(B, R), by kind of step: verified a tree, drafted but
+        # verified nothing (a probe), did not draft
+        self.tree_host, self.probe_host, self.plain_host = AgingMean(host_half_life), RunningMean(), RunningMean()
+
+    @property
+    def host_s(self) -> float:
+        """What a step verifying a tree pays beyond t(B, R): the tree steps' aging figure, shrunk
+        towards the probes' (drafting alone), or until there was a probe, a plain step's."""
+        prior = next((m.value for m in (self.probe_host, self.plain_host) if m.seen), 0.0)
+        return self.tree_host.value(prior)
+
+    @property
+    def plain_host_s(self) -> float:
+        """What a step that drafts nothing pays beyond t(B, 1): measured once there was one, until
+        then the drafting steps' figure (so that the first steps do not favour speculation)."""
+        return self.plain_host.value if self.plain_host.seen else self.host_s
 
     def wants_drafts(self) -> bool:
         self.drafted = self.skip_left == 0
@@ -246,17 +295,8 @@ class BatchGoodput(FixedSpeculation):
 
     def observe_step(self, active: int, rows: int, seconds: float, context: int | None = None) -> None:
         beyond = max(0.0, seconds - self.cost.t(active, rows, context))
-        if self.drafted:
-            self.host_s += 0.1 * (beyond - self.host_s)
-        elif self._seen_plain:
-            self.plain_host_s += 0.1 * (beyond - self.plain_host_s)
-        else:  # the first plain step: its own figure, not a tenth of it
-            self.plain_host_s, self._seen_plain = beyond, True
-
-    def _plain_host(self) -> float:
-        """What a step that drafts nothing pays beyond t(B, 1): measured once there was one, until
-        then the drafting steps' figure (so that the first steps do not favour speculation)."""
-        return self.plain_host_s if self._seen_plain else self.host_s
+        self.tree_host.tick()
+        (self.tree_host if rows > 1 else self.probe_host if self.drafted else self.plain_host).add(beyond)
 
     def _table(self, key) -> RateTable:
         if key not in self.rates:
@@ -281,7 +321,7 @@ class BatchGoodput(FixedSpeculation):
             ranked.append(([i + 1 for i in order], [p[i] for i in order]))
         widest = max((len(nodes) for nodes, _ in ranked), default=0) + 1
         budget = best_row_budget([p for _, p in ranked], self.cost, min(self.max_rows, widest), self.host_s, context,
-                                 self._plain_host(), self.min_gain)
+                                 self.plain_host_s, self.min_gain)
         self.last_budget = budget
         if budget == 1:  # no speculation pays now: skip drafting for a while, longer each time
             self.skip_left, self.next_skip = self.next_skip, min(2 * self.next_skip, self.max_skip)
