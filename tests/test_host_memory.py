@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import resource
 import subprocess
 import sys
@@ -43,7 +44,10 @@ def test_freed_blocks_are_reused_without_page_faults():
 def test_by_default_glibc_hands_such_blocks_back():  # what the test above would see without the setting
     code = ("import sys; sys.path.insert(0, %r); from tests.test_host_memory import grow_and_free; "
             "grow_and_free(); print(grow_and_free())" % str(ROOT))
-    faults = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    # glibc's own defaults: no MALLOC_* tunables, no preloaded allocator from the calling environment
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "LD_PRELOAD"))}
+    faults = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                env=env).stdout)
     assert faults > 8 * (16 << 20) // resource.getpagesize() // 2
 
 
