@@ -71,7 +71,8 @@ def run_config(engine, model, prompts, refs, args, method, policy_name, cost, ma
         if r.tokens != ref:  # judged token by token against the target's own choices
             c = lossless.check_tokens(model, {"turns": [{"prompt_ids": p, "token_ids": r.tokens}]}, "float32")
             outside += c["tokens_outside_band"]
-    return {**serving_figures(result), "exact_vs_ar": exact, "tokens_outside_band": outside}
+    margin = {"min_gain": policy.min_gain} if isinstance(policy, BatchGoodput) else {}
+    return {**serving_figures(result), "exact_vs_ar": exact, "tokens_outside_band": outside, **margin}
 
 
 def run_single(single: Engine, model, prompts, refs, args, method, cost) -> dict:

@@ -53,8 +53,26 @@ def test_host_work_beyond_the_forward_makes_wider_steps_pay():
     for _ in range(100):  # steps measured at 2 s beyond the forward's t(1, 1) = 1.5 s
         policy.observe_step(1, 1, cost.t(1, 1) + 2.0)
     assert abs(policy.host_s - 2.0) < 1e-3
-    policy.observe_step(1, 1, 0.0)  # a step faster than the curve says does not make host work negative
-    assert 1.7 < policy.host_s < 2.0
+
+
+def test_steps_faster_than_the_curve_are_learned_so_cheap_plain_steps_are_not_undersold():
+    # the curve says a second row is almost free (1.0 s vs 1.05 s), so a node at p = 0.1 pays ...
+    cost = BatchCost(batches=[1, 16], rows=[1, 2, 64], times=[[1.0, 1.05, 4.0]] * 2)
+    unlikely = [[0.1]]
+    assert best_row_budget(unlikely, cost, 2) == 2
+    # ... but this run's plain steps take 0.9 s and its tree steps what the curve says: 1.1 tokens in 1.05 s
+    # lose to 1 in 0.9 s. A residual floored at 0 would keep plain steps at 1.0 s and speculate.
+    policy = BatchGoodput(cost)
+    policy.drafted = False
+    for _ in range(20):
+        policy.observe_step(1, 1, 0.9)
+    policy.drafted = True
+    for _ in range(20):
+        policy.observe_step(1, 2, 1.05)
+    assert policy.plain_host_s == pytest.approx(-0.1) and abs(policy.host_s) < 0.01
+    assert best_row_budget(unlikely, cost, 2, policy.host_s, None, policy.plain_host_s) == 1
+    # however fast a step was, no step is costed below a tenth of its forward
+    assert best_row_budget([[0.5]], cost, 2, host_s=-5.0, plain_host_s=-5.0) == 2
 
 
 def test_speculation_must_also_pay_for_the_drafting_that_plain_steps_skip():

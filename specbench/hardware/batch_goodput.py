@@ -8,8 +8,11 @@ goodput is
     G(R) = sum_b (1 + sum_{i < R} p_b(i)) / (t(B, R) + h_draft)     (R > 1)
     G(1) = B / (t(B, 1) + h_plain)
 
-where h is the step's host work that the forward's curve leaves out, measured as each step's time
-minus t(B, R), by kind of step. h_plain is over steps that did not draft: what batched AR pays.
+where h is what a step costs beyond the forward's curve, measured as each step's time minus t(B, R),
+by kind of step: host work the curve leaves out, and the curve's own error for the shapes a run meets
+(it is measured once, on full slots; a run's steps can be faster than it says, so h is signed: were
+it floored at 0, a curve that overstates plain steps would make every tree look cheap against them).
+h_plain is over steps that did not draft: what batched AR pays.
 h_draft is over steps that verified a tree (drafting, ranking, the tree's mask, compacting the
 cache, and whatever the warm curve leaves out of a new shape's first forward), so speculation must
 win by that much before the policy takes it (with one h for both, a slow drafter would make every
@@ -20,7 +23,9 @@ figure of probes (steps that drafted but verified nothing: drafting alone), wort
 Each running mean starts at its first sample; until there is one, h_plain is the drafting steps'.
 
 The policy verifies, each step, the R that maximises G (R = 1: every request decodes plainly, which is
-batched AR). When that is R = 1, the next steps do not draft at all (a tree no one verifies costs
+batched AR), where a tree must beat a plain step's G by `min_gain` (5%, as tr_adaptive asks): where a
+method's top node is accepted about as often as an extra row costs, the choice is a coin flip on noisy
+estimates, and losing it costs more than winning it gains. When that is R = 1, the next steps do not draft at all (a tree no one verifies costs
 host time AR does not pay): the policy skips 1, 2, 4, ... up to 16 steps before it drafts again to
 see whether speculation pays by then (SmartSpec's rule: no speculation, no draft). Otherwise each
 request keeps its R - 1 best nodes, a parent-closed sub-tree (p is non-increasing down every path).
@@ -169,10 +174,15 @@ def best_row_budget(sorted_p: list[list[float]], cost: BatchCost, max_rows: int,
     speculation must beat it by the factor 1 + min_gain (a margin for misjudged rates)."""
     batch = len(sorted_p)
     plain = host_s if plain_host_s is None else plain_host_s
-    best_r, best_rate = 1, (1 + min_gain) * batch / (cost.t(batch, 1, context) + plain)
+
+    def step_s(rows: int, h: float) -> float:  # h may be negative: never below a tenth of the forward
+        t = cost.t(batch, rows, context)
+        return max(0.1 * t, t + h)
+
+    best_r, best_rate = 1, (1 + min_gain) * batch / step_s(1, plain)
     for r in range(2, max_rows + 1):
         expected = sum(1.0 + sum(p[: r - 1]) for p in sorted_p)
-        rate = expected / (cost.t(batch, r, context) + host_s)
+        rate = expected / step_s(r, host_s)
         if rate > best_rate:
             best_r, best_rate = r, rate
     return best_r
@@ -257,7 +267,7 @@ class BatchGoodput(FixedSpeculation):
     name = "goodput"
 
     def __init__(self, cost: BatchCost, max_rows: int = 64, prior_steps: float = 4.0, half_life: float = 200.0,
-                 max_skip: int = 16, min_gain: float = 0.0, host_half_life: float = 32.0):
+                 max_skip: int = 16, min_gain: float = 0.05, host_half_life: float = 32.0):
         self.cost, self.max_rows, self.max_skip, self.min_gain = cost, max_rows, max_skip, min_gain
         self.skip_left, self.next_skip = 0, 1  # steps left without drafting; how many the next plain choice skips
         self.drafted = True  # whether the step being timed drafted
@@ -271,8 +281,8 @@ class BatchGoodput(FixedSpeculation):
         # its ranking is trusted, its scale checked (a fresh drafter's priors are optimistic)
         self.calibration = RateTable([(k + 0.5) / CAL_BINS for k in range(CAL_BINS)], prior_steps, half_life)
         self.last_budget = 1
-        # a step's time beyond the forward's t(B, R), by kind of step: verified a tree, drafted but
-        # verified nothing (a probe), did not draft
+        # a step's time beyond the forward's t(B, R) (negative where the curve overstates it), by kind of
+        # step: verified a tree, drafted but verified nothing (a probe), did not draft
         self.tree_host, self.probe_host, self.plain_host = AgingMean(host_half_life), RunningMean(), RunningMean()
 
     @property
@@ -294,7 +304,7 @@ class BatchGoodput(FixedSpeculation):
         return self.drafted
 
     def observe_step(self, active: int, rows: int, seconds: float, context: int | None = None) -> None:
-        beyond = max(0.0, seconds - self.cost.t(active, rows, context))
+        beyond = seconds - self.cost.t(active, rows, context)  # signed: see the module's docstring
         self.tree_host.tick()
         (self.tree_host if rows > 1 else self.probe_host if self.drafted else self.plain_host).add(beyond)
 
