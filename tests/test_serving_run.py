@@ -94,6 +94,7 @@ def test_goodput_under_poisson_arrivals_keeps_every_output(real_model, tmp_path,
     assert (run_dir / "batch_cost.json").is_file()
     assert summary["lossless"]["exact"] == 3 and summary["lossless"]["tokens_outside_band"] == 0
     side = json.loads((run_dir / "method_batch.json").read_text())
+    assert side["policy"] == "goodput" and side["min_gain"] == 0.05  # the policy's margin is on record
     arrivals = [r["arrival"] for r in side["requests"]]
     assert arrivals[0] == 0.0 and arrivals == sorted(arrivals) and arrivals[-1] > 0  # Poisson, not a closed batch
     assert all(r["admitted"] >= r["arrival"] for r in side["requests"])

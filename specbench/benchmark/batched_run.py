@@ -108,9 +108,12 @@ def run_serving(cfg: dict) -> dict:
         for _ in range(min(cfg["warmup"], 1)):
             batched.generate(warm, cfg["batch_size"], policy())
         pool = DrafterPool(build_drafter_)  # fresh drafters: the warm-up's learning is thrown away
+        chosen = policy()
         result = batched.generate([Request(p, cfg["max_new_tokens"], pool, None, a) for p, a in zip(prompts, arrivals)],
-                                  cfg["batch_size"], policy())
+                                  cfg["batch_size"], chosen)
+        margin = {"min_gain": chosen.min_gain} if isinstance(chosen, BatchGoodput) and name == "method" else {}
         side = {"figures": serving_figures(result), "policy": cfg["batch_speculation"] if name == "method" else "fixed",
+                **margin,
                 "requests": [dict(dataclasses.asdict(r), question_id=q.question_id)
                              for r, q in zip(result.records, questions)],
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}

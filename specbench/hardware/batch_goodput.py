@@ -25,9 +25,10 @@ Each running mean starts at its first sample; until there is one, h_plain is the
 The policy verifies, each step, the R that maximises G (R = 1: every request decodes plainly, which is
 batched AR), where a tree must beat a plain step's G by `min_gain` (5%, as tr_adaptive asks): where a
 method's top node is accepted about as often as an extra row costs, the choice is a coin flip on noisy
-estimates, and losing it costs more than winning it gains. When that is R = 1, the next steps do not draft at all (a tree no one verifies costs
-host time AR does not pay): the policy skips 1, 2, 4, ... up to 16 steps before it drafts again to
-see whether speculation pays by then (SmartSpec's rule: no speculation, no draft). Otherwise each
+estimates, and losing it costs more than winning it gains. When the best R is 1, the next steps do not
+draft at all (a tree no one verifies costs host time AR does not pay): the policy skips 1, 2, 4, ...
+up to 16 steps before it drafts again to see whether speculation pays by then (SmartSpec's rule: no
+speculation, no draft). Otherwise each
 request keeps its R - 1 best nodes, a parent-closed sub-tree (p is non-increasing down every path).
 p is the drafter's own estimate where it gives one (`Draft.node_probs`: tr_adaptive's and tr_fused's
 confidences, EAGLE-2's path scores), calibrated on the batch's outcomes (the rate at which nodes it
