@@ -188,6 +188,15 @@ class Drafter:
     def observe(self, outcome: StepOutcome) -> None:
         """See the verification's results (logits at every row, accepted nodes)."""
 
+    @classmethod
+    def observe_batch(cls, drafters: list["Drafter"], outcomes: list[StepOutcome]) -> None:
+        """Batched decoding: one step's outcomes, `outcomes[i]` for `drafters[i]` (each request's
+        drafter, all of this class), in request order. By default each observes its own; a method
+        whose learning is small tensor work per step on state the requests share (TR's matrix) does
+        it once for the batch, and must leave that state as if they had observed in turn."""
+        for drafter, outcome in zip(drafters, outcomes):
+            drafter.observe(outcome)
+
     def override_targets(self, draft: Draft, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Lossy methods only (they set `lossless = False`): replace the target's token at each tree
         row (root first) before the path is accepted, e.g. Medusa's typical acceptance. A lossless

@@ -34,6 +34,32 @@ def test_the_cost_interpolates_in_rows_and_batches():
     assert cost.t(1, 1, 640) == 2.0 and cost.t(1, 1, 1792) == 5.0
 
 
+def test_every_row_budget_at_once_is_the_budget_of_each_alone():
+    """t_rows (B and L interpolated once) is t row by row; best_row_budget, which grows the expected
+    tokens one row at a time, is the argmax of the formula computed afresh for every R."""
+    import random
+
+    rng = random.Random(0)
+    cost = BatchCost(batches=[1, 2, 4, 8, 16], rows=[1, 2, 4, 8, 16, 32, 64],
+                     times=[[0.1 + 0.002 * b * r + 0.01 * rng.random() for r in (1, 2, 4, 8, 16, 32, 64)]
+                            for b in (1, 2, 4, 8, 16)], context_len=256, long_context_len=1024,
+                     long_times=[[0.15 + 0.003 * b * r for r in (1, 2, 4, 8, 16, 32, 64)] for b in (1, 2, 4, 8, 16)])
+    for batch, context in ((3, None), (12, 700), (16, 2000), (20, 100)):
+        each = [cost.t(batch, r, context) for r in range(1, 81)]
+        assert cost.t_rows(batch, range(1, 81), context) == pytest.approx(each, rel=1e-12)
+    for _ in range(50):
+        # uneven drafts: some requests have none, some fewer nodes than the budget
+        sorted_p = [sorted((rng.random() for _ in range(rng.choice([0, 3, 20, 80]))), reverse=True)
+                    for _ in range(rng.randint(1, 16))]
+        host, plain = rng.uniform(-0.01, 0.05), rng.uniform(-0.01, 0.02)
+        def rate(r):
+            t = cost.t(len(sorted_p), r, 600)
+            step = max(0.1 * t, t + (plain if r == 1 else host))
+            return (1.05 if r == 1 else 1.0) * sum(1 + sum(p[: r - 1]) for p in sorted_p) / step
+        brute = max(range(1, 65), key=lambda r: (rate(r), -r))
+        assert best_row_budget(sorted_p, cost, 64, host, 600, plain, 0.05) == brute
+
+
 def test_the_budget_speculates_where_rows_are_cheap_and_not_where_they_are_dear():
     likely = [[0.9, 0.8, 0.7, 0.5]] * 4
     assert best_row_budget(likely, flat_cost(0.0), 16) == 5  # free rows: every useful node

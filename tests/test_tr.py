@@ -149,3 +149,64 @@ def test_adaptive_statistics_name_template_nodes():
     tr.observe(_outcome(tr, 3, d, torch.zeros(3, 10), accepted=[1, 2], emitted=[5, 5, 0]))
     s = tr.take_statistics()
     assert s["node_hits"] == [1, 0, 1] and s["node_drafted"] == [1, 0, 1]
+
+
+@pytest.mark.parametrize("method", ["tr", "tr_accepted", "tr_adaptive", "tr_fused", "samd"])
+def test_a_batched_step_teaches_the_shared_matrix_what_the_requests_would_in_turn(method):
+    """observe_batch (one top-k and one write for the batch) leaves the shared matrix, its confidences
+    and each request's counts as observing one request after another does; requests repeat tokens,
+    so the later request's row must win."""
+    from specbench.hardware.cost import CostCurve
+    from specbench.methods.samd import SAMDecoding
+    from specbench.methods.tr import AdaptiveTokenRecycling
+    from specbench.methods.tr_fused import FusedTokenRecycling
+
+    flat = CostCurve(widths=[1, 100], times=[1.0, 1.0001], device="cpu", dtype="float32")
+    build = {"tr": lambda: TokenRecycling(vocab_size=12, k=2, tree=[[2], [1, 0]]),
+             "tr_accepted": lambda: TokenRecycling(vocab_size=12, k=2, tree=[[2], [1, 0]], update="accepted"),
+             "tr_adaptive": lambda: AdaptiveTokenRecycling(vocab_size=12, k=2, tree=[[2], [1, 0]], cost_curve=flat,
+                                                           confidence=True, min_gain=-1.0),
+             "tr_fused": lambda: FusedTokenRecycling(vocab_size=12, k=2, tree=[[2], [1, 0]], cost_curve=flat,
+                                                     confidence=True, min_gain=-1.0),
+             "samd": lambda: SAMDecoding(vocab_size=12, k=2, tree=[[2], [1, 0]])}[method]
+
+    def batch():
+        made = [build() for _ in range(3)]
+        for d in made[1:]:
+            d.share_learned_state(made[0])
+        return made
+
+    in_turn, at_once = batch(), batch()
+    g = torch.Generator().manual_seed(0)
+    contexts = [[1, 3], [2, 3], [4, 5]]  # requests 0 and 1 share the root 3
+    for step in range(6):
+        per_request = []
+        for b, ctx in enumerate(contexts):
+            state = DecodeState(tokens=torch.tensor(ctx), prompt_len=1, step=step)
+            drafts = [d.propose(state) for d in (in_turn[b], at_once[b])]
+            plain = (step + b) % 3 == 0  # a request that decodes plainly this step (the policy's cut)
+            draft = None if plain else drafts[0]
+            assert plain or drafts[0].tokens.tolist() == drafts[1].tokens.tolist()
+            rows = 1 if draft is None else len(draft.tree) + 1
+            logits = torch.randn(rows, 12, generator=g)
+            accepted = [] if draft is None else [1][: int(torch.randint(0, 2, (1,), generator=g))]
+            emitted = [int(logits[0].argmax())] if not accepted else [int(draft.tokens[0]), int(logits[1].argmax())]
+            per_request.append((draft, drafts[1] if not plain else None, logits, accepted, emitted))
+            ctx.extend(emitted)
+        for b, (draft, _, logits, accepted, emitted) in enumerate(per_request):
+            in_turn[b].observe(StepOutcome(draft=draft, root=contexts[b][-len(emitted) - 1], logits=logits,
+                                           accepted=accepted, bonus=emitted[-1], emitted=emitted))
+        type(at_once[0]).observe_batch(at_once, [
+            StepOutcome(draft=twin, root=contexts[b][-len(emitted) - 1], logits=logits, accepted=accepted,
+                        bonus=emitted[-1], emitted=emitted)
+            for b, (_, twin, logits, accepted, emitted) in enumerate(per_request)])
+        assert torch.equal(in_turn[0].matrix, at_once[0].matrix)
+        assert torch.equal(in_turn[0].written, at_once[0].written)
+        if hasattr(in_turn[0], "probs"):
+            assert torch.equal(in_turn[0].probs, at_once[0].probs)
+    for a, b in zip(in_turn, at_once):
+        sa, sb = a.take_statistics(), b.take_statistics()
+        # the root facts are read before the step's writes at once, after earlier requests' in turn
+        for key in ("root_row_unwritten", "root_rank0_hits"):
+            sa.pop(key), sb.pop(key)
+        assert sa == sb and sa["steps"] == 6

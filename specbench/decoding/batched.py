@@ -311,6 +311,7 @@ class BatchedEngine:
             at += piece.numel()
 
         self._compact(L, [accepted for accepted, _ in verified])
+        outcomes = []
         for b, (s, draft, (accepted, emitted)) in enumerate(zip(slots, drafts, verified)):
             bonus, new = emitted[-1], s.record.tokens
             for i, tok in enumerate(emitted):  # stop at EOS or the budget, whichever comes first
@@ -326,8 +327,13 @@ class BatchedEngine:
             if self.policy is not None:
                 self.policy.observe(s.key, draft, accepted)
             hidden = out.hidden_states[-1][b, : n_rows[b]] if s.drafter.needs_hidden_states else None
-            s.drafter.observe(StepOutcome(draft=draft, root=roots[b], logits=out.logits[b, : n_rows[b]],
-                                          accepted=accepted, bonus=bonus, hidden_states=hidden, emitted=emitted))
+            outcomes.append(StepOutcome(draft=draft, root=roots[b], logits=out.logits[b, : n_rows[b]],
+                                        accepted=accepted, bonus=bonus, hidden_states=hidden, emitted=emitted))
+        by_method: dict[type, list[int]] = {}  # each method learns from its requests' outcomes at once
+        for b, s in enumerate(slots):
+            by_method.setdefault(type(s.drafter), []).append(b)
+        for method, members in by_method.items():
+            method.observe_batch([slots[b].drafter for b in members], [outcomes[b] for b in members])
         # perf_counter without a sync: the .tolist() above has waited for the forward already
         return BatchStep(rows=B * R, real_rows=sum(n_rows), active=B, time=time.perf_counter() - t_start, context=L)
 

@@ -75,6 +75,16 @@ def conditional_bins(node_probs: list[float], parents) -> list[int]:
     return bins
 
 
+def interp(xs: list, ys: list, x: float) -> float:
+    """Piecewise-linear through (xs, ys) (xs increasing), extended linearly past both ends; one point:
+    proportional."""
+    if len(xs) == 1:
+        return ys[0] * x / xs[0]
+    i = max(1, min(len(xs) - 1, next((k for k, v in enumerate(xs) if v >= x), len(xs) - 1)))
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
 @dataclass
 class BatchCost:
     """t(B, R, L): median seconds of one batched forward of B requests x R rows after L cached columns,
@@ -95,21 +105,21 @@ class BatchCost:
         """Piecewise-linear in R, then in B; past the measured range, linear from the last two points.
         With a context and both lengths measured: linear in L between them and beyond the longer one
         (attention is linear in L), the shorter one's time below it."""
-        def interp(xs, ys, x):
-            if len(xs) == 1:
-                return ys[0] * x / xs[0]
-            i = max(1, min(len(xs) - 1, next((k for k, v in enumerate(xs) if v >= x), len(xs) - 1)))
-            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return self.t_rows(batch, [rows], context)[0]
 
+    def t_rows(self, batch: int, rows, context: int | None = None) -> list[float]:
+        """t(batch, r, context) for every r in `rows`, interpolating in B and L once (a policy weighs
+        every row budget each step). Piecewise-linear interpolation on the grid is separable, so
+        interpolating in B first is `t`'s R-then-B up to rounding."""
         def at(table):
-            return interp(self.batches, [interp(self.rows, row_times, rows) for row_times in table], batch)
+            at_batch = [interp(self.batches, [row_times[j] for row_times in table], batch) for j in range(len(self.rows))]
+            return [interp(self.rows, at_batch, r) for r in rows]
 
         short = at(self.times)
         if context is None or not self.long_times or context <= self.context_len:
-            return max(1e-9, short)
-        long = at(self.long_times)
-        return max(1e-9, short + (long - short) * (context - self.context_len) / (self.long_context_len - self.context_len))
+            return [max(1e-9, s) for s in short]
+        f = (context - self.context_len) / (self.long_context_len - self.context_len)
+        return [max(1e-9, s + (long - s) * f) for s, long in zip(short, at(self.long_times))]
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -175,14 +185,16 @@ def best_row_budget(sorted_p: list[list[float]], cost: BatchCost, max_rows: int,
     speculation must beat it by the factor 1 + min_gain (a margin for misjudged rates)."""
     batch = len(sorted_p)
     plain = host_s if plain_host_s is None else plain_host_s
+    forward = cost.t_rows(batch, range(1, max_rows + 1), context)
 
     def step_s(rows: int, h: float) -> float:  # h may be negative: never below a tenth of the forward
-        t = cost.t(batch, rows, context)
+        t = forward[rows - 1]
         return max(0.1 * t, t + h)
 
     best_r, best_rate = 1, (1 + min_gain) * batch / step_s(1, plain)
+    expected = float(batch)  # sum_b (1 + sum(sorted_p[b][:R - 1])), grown one row at a time
     for r in range(2, max_rows + 1):
-        expected = sum(1.0 + sum(p[: r - 1]) for p in sorted_p)
+        expected += sum(p[r - 2] for p in sorted_p if len(p) > r - 2)
         rate = expected / step_s(r, host_s)
         if rate > best_rate:
             best_r, best_rate = r, rate

@@ -178,11 +178,12 @@ class SAMDecoding(TokenRecycling):
             return super().propose(state)
         return Draft(tokens=torch.tensor(chain, dtype=torch.long), tree=DraftTree.chain(len(chain)))
 
-    def observe(self, outcome: StepOutcome) -> None:
+    def _count(self, outcome: StepOutcome, root_unwritten: torch.Tensor, rank0_hit: torch.Tensor) -> None:
+        """Per source: steps, drafted and accepted tokens; TR's per-node statistics describe its
+        template, drafted on TREE steps only. (The matrix learns from every step: TR's observe.)"""
         src = self._source
-        if src == TREE:  # TR's per-node statistics describe its template, drafted on these steps only
-            self._count(outcome)
-        self._recycle(outcome)
+        if src == TREE:
+            super()._count(outcome, root_unwritten, rank0_hit)
         self._counts[f"steps_{src}"] += 1
         self._counts[f"drafted_{src}"] += 0 if outcome.draft is None else len(outcome.draft.tree)
         # accepted draft tokens that were emitted (EOS or the token budget may cut a path short)

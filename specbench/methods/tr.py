@@ -177,8 +177,35 @@ class TokenRecycling(Drafter):
         return Draft(tokens=self.expand(int(state.tokens[-1]))[1:], tree=self.tree)
 
     def observe(self, outcome: StepOutcome) -> None:
-        self._count(outcome)
-        self._recycle(outcome)
+        root, first = outcome.root, (outcome.emitted or [outcome.bonus])[0]
+        self._count(outcome, *self._root_facts(root, first))  # the matrix before this step's writes
+        self._write(*self._rows(outcome, torch.full((1,), root, dtype=torch.long, device=self.device)))
+
+    @classmethod
+    def observe_batch(cls, drafters: list["TokenRecycling"], outcomes: list[StepOutcome]) -> None:
+        """Count each request's step, then write every verified row of the requests that share a matrix
+        with one top-k and one write: request by request, each would pay its own handful of small tensor
+        operations, and a batch that decodes plainly would pay them B times a step for one row each.
+        A token two requests write keeps the later request's row, as if they observed in turn."""
+        shared: dict[int, list[int]] = {}
+        for i, d in enumerate(drafters):
+            shared.setdefault(id(d.matrix), []).append(i)
+        for members in shared.values():
+            owner = drafters[members[0]]
+            if len(members) == 1:
+                owner.observe(outcomes[members[0]])
+                continue
+            outs = [outcomes[i] for i in members]
+            roots, firsts = to_device([[o.root for o in outs], [(o.emitted or [o.bonus])[0] for o in outs]],
+                                      owner.device, torch.long)
+            unwritten, rank0_hits = owner._root_facts(roots, firsts)  # the matrix before this step's writes
+            tokens, logits = [], []
+            for j, (i, o) in enumerate(zip(members, outs)):
+                drafters[i]._count(o, unwritten[j], rank0_hits[j])
+                t, rows = drafters[i]._rows(o, roots[j : j + 1])
+                tokens.append(t)
+                logits.append(rows)
+            owner._write(torch.cat(tokens), torch.cat(logits))
 
     def observe_prompt(self, prompt: torch.Tensor, logits: torch.Tensor) -> None:
         """prefill_update: a row for every prompt token; a token seen twice keeps its last row."""
@@ -186,31 +213,35 @@ class TokenRecycling(Drafter):
         at = to_device(list(last.values()), logits.device, torch.long)
         self._write(to_device(list(last), self.device, torch.long), logits[at], duplicates=False)
 
-    def _count(self, outcome: StepOutcome) -> None:
-        """Per-node and matrix statistics, before the matrix learns from this step. With a chosen
-        node set (`_drafted`: tr_adaptive's sub-tree, tr_fused's merged tree) draft ids map back to
-        those nodes; only template nodes (ids up to len(tree)) are counted."""
+    def _root_facts(self, roots, firsts) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per root (a token, or a tensor of them): whether its matrix row was never written, and
+        whether its rank-0 entry is the token the target chose after it (`firsts`); bool tensors on
+        the drafter's device."""
+        written = self.written[roots]
+        return ~written, (self.matrix[roots, 0] == firsts) & written
+
+    def _count(self, outcome: StepOutcome, root_unwritten: torch.Tensor, rank0_hit: torch.Tensor) -> None:
+        """Per-node and matrix statistics (the root's facts from `_root_facts`, before the matrix
+        learns from this step). With a chosen node set (`_drafted`: tr_adaptive's sub-tree, tr_fused's
+        merged tree) draft ids map back to those nodes; only template nodes (ids up to len(tree)) are
+        counted."""
         nodes, n = self._drafted, len(self.tree)
         accepted = outcome.accepted if nodes is None else [nodes[a - 1] for a in outcome.accepted]
         drafted = () if outcome.draft is None else None if nodes is None else tuple(v for v in nodes if v <= n)
-        root = outcome.root
-        self.statistics.record([v for v in accepted if v <= n], drafted, self.written[root],
-                               self.matrix[root, 0] == (outcome.emitted or [outcome.bonus])[0])
+        self.statistics.record([v for v in accepted if v <= n], drafted, root_unwritten, rank0_hit)
 
-    def _recycle(self, outcome: StepOutcome) -> None:
-        """Overwrite the matrix rows of this step's verified tokens with their rows' top-k: every row
-        (update=all_rows, the paper) or the accepted path's (update=accepted)."""
+    def _rows(self, outcome: StepOutcome, root: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The matrix rows this step overwrites, (their tokens, their logits): every verified row
+        (update=all_rows, the paper) or the accepted path's (update=accepted). `root`: the root's token
+        as a 1-element tensor on the drafter's device."""
         draft = outcome.draft
-        root = torch.full((1,), outcome.root, dtype=torch.long, device=self.device)
         if draft is None:
-            self._write(root, outcome.logits[:1])
-        elif self.update == "all_rows":
-            tokens = torch.cat([root, draft.tokens.to(self.device)])
-            self._write(tokens, outcome.logits[: tokens.numel()])
-        else:
-            rows = to_device([0, *outcome.accepted], outcome.logits.device, torch.long)
-            tokens = torch.cat([root, draft.tokens.to(self.device)])[rows.to(self.device)]
-            self._write(tokens, outcome.logits[rows])
+            return root, outcome.logits[:1]
+        tokens = torch.cat([root, draft.tokens.to(self.device)])
+        if self.update == "all_rows":
+            return tokens, outcome.logits[: tokens.numel()]
+        rows = to_device([0, *outcome.accepted], outcome.logits.device, torch.long)
+        return tokens[rows.to(self.device)], outcome.logits[rows]
 
     def _write(self, tokens: torch.Tensor, logits: torch.Tensor, duplicates: bool = True):
         """Rows `tokens` of the matrix <- the top-k of `logits` (one row each); a token on several
@@ -451,6 +482,6 @@ class AdaptiveTokenRecycling(TokenRecycling):
     def _write(self, tokens: torch.Tensor, logits: torch.Tensor, duplicates: bool = True):
         top, last = super()._write(tokens, logits, duplicates)
         if self.confidence:  # the model's probability of each recycled candidate, kept beside it
-            logp = top.values.float() - logits.float().logsumexp(dim=-1, keepdim=True)
-            self.probs[tokens] = logp[last].exp()
+            probs = logits.softmax(dim=-1, dtype=torch.float32).gather(-1, top.indices)  # one fused pass
+            self.probs[tokens] = probs[last].to(self.device)
         return top, last

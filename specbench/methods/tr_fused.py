@@ -179,11 +179,11 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         return Draft(tokens=tokens[sent[len(extra):]], tree=tree, node_probs=[p[v - 1] for v in nodes])
 
     # -- statistics ------------------------------------------------------------------------------
-    def _count(self, outcome: StepOutcome) -> None:
+    def _count(self, outcome: StepOutcome, root_unwritten: torch.Tensor, rank0_hit: torch.Tensor) -> None:
         """TR's template-node statistics, and the sources of the accepted tokens."""
         for a in outcome.accepted:
             self._accepted_from[{MATRIX: 0, RETRIEVAL: 1}.get(self._sources[a - 1], 2)] += 1
-        super()._count(outcome)
+        super()._count(outcome, root_unwritten, rank0_hit)
 
     def take_statistics(self) -> dict:
         out = super().take_statistics()

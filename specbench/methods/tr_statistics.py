@@ -18,6 +18,8 @@ from specbench.methods.tree_tuning import children_counts_of, rank_paths
 
 
 class RecyclingStatistics:
+    FOLD = 256  # steps whose root facts are summed at once
+
     def __init__(self, template: DraftTree, device: torch.device):
         self.template = template
         self.device = device
@@ -30,22 +32,32 @@ class RecyclingStatistics:
         self.steps = 0
         self.hits = [0] * n
         self.drafted: Counter = Counter()  # template node sets (None: the whole template) -> steps
-        self.unwritten = torch.zeros((), dtype=torch.long, device=self.device)
-        self.rank0 = torch.zeros((), dtype=torch.long, device=self.device)
+        self.unwritten_rank0 = torch.zeros(2, dtype=torch.long, device=self.device)
+        self._root_facts: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def record(self, accepted: list[int], drafted: tuple[int, ...] | None, root_written: torch.Tensor,
+    def record(self, accepted: list[int], drafted: tuple[int, ...] | None, root_unwritten: torch.Tensor,
                rank0_hit: torch.Tensor) -> None:
         """One step: accepted template nodes, the drafted template nodes (None: all; () a plain
-        step), and two 0-d bool tensors about the root's row."""
+        step), and two 0-d bool tensors: the root's row was never written; its rank-0 entry was the
+        target's token. The tensors are summed in bulk (every FOLD steps and in `take`), not one
+        small device operation each per step."""
         self.steps += 1
         for v in accepted:
             self.hits[v - 1] += 1
         self.drafted[drafted] += 1
-        self.unwritten += ~root_written
-        self.rank0 += rank0_hit & root_written
+        self._root_facts.append((root_unwritten, rank0_hit))
+        if len(self._root_facts) >= self.FOLD:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self._root_facts:
+            self.unwritten_rank0 += torch.stack([t for pair in self._root_facts for t in pair]).view(-1, 2).sum(dim=0)
+            self._root_facts = []
 
     def take(self) -> dict:
         n = len(self.template)
+        self._fold()
+        unwritten, rank0 = self.unwritten_rank0.tolist()
         drafted = [0] * n
         for nodes, count in self.drafted.items():
             for v in range(1, n + 1) if nodes is None else nodes:
@@ -55,8 +67,8 @@ class RecyclingStatistics:
         for v, h in enumerate(self.hits):
             depth_hits[depths[v] - 1] += h
         out = {"tree": self._tree, "steps": self.steps, "node_hits": list(self.hits), "node_drafted": drafted,
-               "depth_hits": depth_hits, "root_row_unwritten": int(self.unwritten),
-               "root_rank0_hits": int(self.rank0)}
+               "depth_hits": depth_hits, "root_row_unwritten": unwritten,
+               "root_rank0_hits": rank0}
         self.clear()
         return out
 
