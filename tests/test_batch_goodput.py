@@ -205,7 +205,34 @@ def test_goodput_in_the_batched_engine_keeps_every_output(tiny_llama):
     out = BatchedEngine(tiny_llama, []).generate(requests, 2, policy)
     assert [r.tokens for r in out.records] == refs
     assert max(s.rows for s in out.steps) <= 2 * 9  # never past the budget the cost curve allows
-    assert policy.rates == {}  # finished requests' estimates are dropped
+    assert policy.rates == {} and policy.unverified == {}  # finished requests' estimates are dropped
+
+
+def test_drafts_it_does_not_verify_are_learned_from_once_their_tokens_are_decided():
+    """A cut draft teaches the policy what verifying it would have: once the tokens after its root are
+    decided (a mismatch, or the path reaches a leaf), its would-be accepted path counts as if verified.
+    Else a policy whose estimates fell would never see the drafts that would have paid again."""
+    tree = DraftTree([0, 1, 0])  # a chain 1 -> 2 under the root, and a second child 3
+    draft = Draft(tokens=torch.tensor([5, 6, 9]), tree=tree)
+    dear = flat_cost(1.0, base=0.0)  # every row as dear as a step: nothing is verified
+    cut, verified = BatchGoodput(dear), BatchGoodput(dear)
+    assert cut.choose([draft], ["a"]) == [None]
+    cut.observe("a", None, [], [5])  # node 1 right; node 2 not decided yet
+    assert cut._table("a").rates() == verified._table("a").rates()
+    cut.observe("a", None, [], [6])  # node 2 right too, and it is a leaf: the path is final
+    verified.observe("a", draft, [1, 2], [5, 6])
+    assert cut._table("a").rates() == verified._table("a").rates() != BatchGoodput(dear)._table("a").rates()
+    assert cut.unverified["a"] == []
+    # a mismatch decides at once; a drafter's own estimates are calibrated the same way
+    sure = Draft(tokens=torch.tensor([5, 6, 9]), tree=tree, node_probs=[0.9, 0.85, 0.05])
+    cut, verified = BatchGoodput(dear), BatchGoodput(dear)
+    assert cut.choose([sure], ["b"]) == [None]
+    cut.observe("b", None, [], [4])
+    verified.observe("b", sure, [], [4])
+    assert cut.calibration.rates() == verified.calibration.rates() != BatchGoodput(dear).calibration.rates()
+    cut.choose([draft], ["c"])
+    cut.forget("c")  # a finished request's pending drafts go with it
+    assert "c" not in cut.unverified
 
 
 def test_when_no_speculation_pays_the_drafters_are_not_asked(tiny_llama):

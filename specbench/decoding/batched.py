@@ -325,7 +325,7 @@ class BatchedEngine:
             s.record.step_rows.append(n_rows[b])
             s.record.decoding_steps += 1
             if self.policy is not None:
-                self.policy.observe(s.key, draft, accepted)
+                self.policy.observe(s.key, draft, accepted, emitted)
             hidden = out.hidden_states[-1][b, : n_rows[b]] if s.drafter.needs_hidden_states else None
             outcomes.append(StepOutcome(draft=draft, root=roots[b], logits=out.logits[b, : n_rows[b]],
                                         accepted=accepted, bonus=bonus, hidden_states=hidden, emitted=emitted))

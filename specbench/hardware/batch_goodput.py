@@ -35,7 +35,9 @@ confidences, EAGLE-2's path scores), calibrated on the batch's outcomes (the rat
 gave q = p / p(parent) in each tenth were accepted given their parent was), else it comes from
 per-request decayed rates of acceptance given the parent was accepted, by (depth, sibling rank)
 (`RateTable`), started from the rates pooled over the requests seen so far, so the policy works for
-any tree method.
+any tree method. Both learn from every draft the policy saw, verified or not: a draft it cut
+whole is learned from once the tokens after its root decide what it would have accepted (tr_adaptive's
+counterfactual outcomes), so estimates that fell are corrected by the drafts that would have paid.
 
 `BatchCost` is t(B, R) measured on the batched forward (`measure_batch_cost`), interpolated in R and
 in B. `FixedSpeculation` keeps every draft whole: what a serving engine does with a fixed
@@ -54,10 +56,11 @@ from pathlib import Path
 
 import torch
 
-from specbench.decoding.transfers import to_device
+from specbench.decoding.transfers import HostCopy, to_device
 from specbench.decoding.tree import DraftTree
 from specbench.drafter import Draft
-from specbench.hardware.goodput import RateTable, monotone_down, path_probabilities, subtree_parents
+from specbench.hardware.goodput import (RateTable, counterfactual_path, monotone_down, path_probabilities,
+                                       subtree_parents)
 from specbench.hardware.timing import now
 
 MAX_DEPTH, MAX_RANK = 16, 4  # rate cells: depth 1..16 (deeper shares 16's) x sibling rank 0..3 (more shares 3)
@@ -259,8 +262,9 @@ class FixedSpeculation:
         """Each request's draft, cut or whole; `context`: the batch cache's length L."""
         return drafts
 
-    def observe(self, key, draft: Draft | None, accepted: list[int]) -> None:
-        pass
+    def observe(self, key, draft: Draft | None, accepted: list[int], emitted: list[int] = ()) -> None:
+        """Request `key`'s step: the draft it verified (None: none), the accepted nodes, and the
+        tokens it emitted."""
 
     def observe_step(self, active: int, rows: int, seconds: float, context: int | None = None) -> None:
         """A step of `active` requests padded to `rows` rows each after `context` cached columns took
@@ -297,6 +301,9 @@ class BatchGoodput(FixedSpeculation):
         # a step's time beyond the forward's t(B, R) (negative where the curve overstates it), by kind of
         # step: verified a tree, drafted but verified nothing (a probe), did not draft
         self.tree_host, self.probe_host, self.plain_host = AgingMean(host_half_life), RunningMean(), RunningMean()
+        # per request: drafts it was given none of, learned from once the tokens after their root are
+        # decided: [tree, node tokens (a host copy), node probabilities, tokens decided since]
+        self.unverified: dict = {}
 
     @property
     def host_s(self) -> float:
@@ -357,6 +364,8 @@ class BatchGoodput(FixedSpeculation):
                 continue
             keep = sorted(nodes[: budget - 1])
             if not keep:
+                # what it would have accepted is known once its root's next tokens are: learned then
+                self.unverified.setdefault(key, []).append([draft.tree, HostCopy(draft.tokens), draft.node_probs, []])
                 out.append(None)
                 continue
             index = to_device(torch.tensor([v - 1 for v in keep]), draft.tokens.device)
@@ -365,20 +374,38 @@ class BatchGoodput(FixedSpeculation):
                              node_probs=None if draft.node_probs is None else [draft.node_probs[v - 1] for v in keep]))
         return out
 
-    def observe(self, key, draft: Draft | None, accepted: list[int]) -> None:
-        """A trial for every drafted node whose parent was on the accepted path (the root always is)."""
-        if draft is None or draft.n_extra:
+    def observe(self, key, draft: Draft | None, accepted: list[int], emitted: list[int] = ()) -> None:
+        """Learn from the verified draft, and from every earlier unverified draft of this request whose
+        would-be accepted path the tokens emitted since have decided."""
+        if draft is not None and not draft.n_extra:
+            self._learn(key, draft.tree, draft.node_probs, accepted)
+        pending = self.unverified.get(key)
+        if not pending:
             return
+        for entry in pending:
+            entry[3].extend(emitted)
+        still = []
+        for tree, tokens, node_probs, decided in pending:
+            node_tokens = [None, *tokens.tolist()]  # node 0, the root, never matches a decided token
+            path = counterfactual_path(tree.children, node_tokens, decided)
+            if len(path) < len(decided) or not tree.children[path[-1] if path else 0]:
+                self._learn(key, tree, node_probs, path)  # a mismatch, or a leaf: the path is final
+            else:
+                still.append([tree, tokens, node_probs, decided])
+        self.unverified[key] = still
+
+    def _learn(self, key, tree: DraftTree, node_probs: list[float] | None, accepted: list[int]) -> None:
+        """A trial for every drafted node whose parent was on the accepted path (the root always is)."""
         on_path = {0, *accepted}
-        if draft.node_probs is not None:
-            for node, k in enumerate(conditional_bins(draft.node_probs, draft.tree.parents), start=1):
-                if draft.tree.parents[node - 1] in on_path:
+        if node_probs is not None:
+            for node, k in enumerate(conditional_bins(node_probs, tree.parents), start=1):
+                if tree.parents[node - 1] in on_path:
                     self.calibration.add(k, node in on_path)
             self.calibration.next_step()
             return
         tables = (self._table(key), self.pool)
-        for node, cell in enumerate(node_cells(draft.tree), start=1):
-            if draft.tree.parents[node - 1] in on_path:
+        for node, cell in enumerate(node_cells(tree), start=1):
+            if tree.parents[node - 1] in on_path:
                 for table in tables:
                     table.add(cell, node in on_path)
         for table in tables:
@@ -386,3 +413,4 @@ class BatchGoodput(FixedSpeculation):
 
     def forget(self, key) -> None:
         self.rates.pop(key, None)
+        self.unverified.pop(key, None)
