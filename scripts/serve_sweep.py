@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from specbench.benchmark import lossless  # noqa: E402
 from specbench.benchmark.results import append_jsonl, read_jsonl, repair_jsonl  # noqa: E402
+from specbench.benchmark.metrics import mean_interval_95  # noqa: E402
 from specbench.benchmark.serving import poisson_arrivals, serving_figures  # noqa: E402
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
@@ -133,6 +134,7 @@ def combine(rows: list[dict], load: str) -> list[dict]:
                     "tpot_ms": statistics.mean(r["tpot_ms"] for r in rs) if all(r["tpot_ms"] for r in rs) else None,
                     "speedup": statistics.mean(ratios) if ratios else float("nan"),
                     "low": min(ratios, default=float("nan")), "high": max(ratios, default=float("nan")),
+                    "ci95": mean_interval_95(ratios),
                     "exact_vs_ar": sum(r["exact_vs_ar"] for r in rs), "requests": sum(r["requests"] for r in rs),
                     "tokens_outside_band": sum(r["tokens_outside_band"] for r in rs)})
     return sorted(out, key=lambda r: (r["method"] != "ar", r["method"], r["policy"], r["batch"], r["rate"] or 0))
@@ -144,19 +146,26 @@ def speedup_cell(r: dict) -> str:
     return f"{r['speedup']:.2f}x ({r['low']:.2f}-{r['high']:.2f})"
 
 
+def interval_cell(r: dict) -> str:
+    return "-" if r["method"] == "ar" or r["ci95"] is None else f"{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}"
+
+
 def tables(rows: list[dict]) -> str:
     out = ["# Batched decoding sweep", "", "Speedup: throughput over batched AR's at the same batch size or rate, "
            "the mean of each round's ratio to the same round's AR, with the rounds' range in brackets when a "
-           "configuration ran more than once (`round` in results.jsonl; each line's `finished` says when it ran). "
+           "configuration ran more than once (`round` in results.jsonl; each line's `finished` says when it ran), "
+           "and the 95% confidence interval of that mean (Student's t over the rounds): where it holds 1, the "
+           "rounds do not tell the method from AR. "
            "Figures: means over rounds; lossless: tallies over rounds. Latency: finish - arrival, seconds.", ""]
     closed = combine(rows, "closed")
     if closed:
         out += ["## Closed batch (every request waiting at t = 0)", "",
-                "| method | policy | B | rounds | tok/s | speedup | MAT | rows/step | latency p50 | p99 | TPOT ms | lossless |",
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                "| method | policy | B | rounds | tok/s | speedup | 95% CI | MAT | rows/step | latency p50 | p99 | TPOT ms | lossless |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in closed:
             out.append(f"| {r['method']} | {r['policy']} | {r['batch']} | {r['rounds']} | {r['throughput']:.1f} | "
-                       f"{speedup_cell(r)} | {r['mat']:.2f} | {r['rows_per_step']:.1f} | {r['latency_p50']:.1f} | "
+                       f"{speedup_cell(r)} | {interval_cell(r)} | {r['mat']:.2f} | {r['rows_per_step']:.1f} | "
+                       f"{r['latency_p50']:.1f} | "
                        f"{r['latency_p99']:.1f} | {r['tpot_ms'] or 0:.1f} | "
                        f"{r['exact_vs_ar']}/{r['requests']} exact, {r['tokens_outside_band']} outside |")
     single = [r for r in rows if r["load"] == "single"]
@@ -175,12 +184,12 @@ def tables(rows: list[dict]) -> str:
     opened = combine(rows, "poisson")
     if opened:
         out += ["", "## Poisson arrivals", "",
-                "| method | policy | rate (req/s) | max batch | rounds | tok/s | latency mean | p50 | p99 | speedup (latency) | lossless |",
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                "| method | policy | rate (req/s) | max batch | rounds | tok/s | latency mean | p50 | p99 | speedup (latency) | 95% CI | lossless |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in opened:
             out.append(f"| {r['method']} | {r['policy']} | {r['rate']} | {r['batch']} | {r['rounds']} | "
                        f"{r['throughput']:.1f} | {r['latency_mean']:.1f} | {r['latency_p50']:.1f} | "
-                       f"{r['latency_p99']:.1f} | {speedup_cell(r)} | "
+                       f"{r['latency_p99']:.1f} | {speedup_cell(r)} | {interval_cell(r)} | "
                        f"{r['exact_vs_ar']}/{r['requests']} exact, {r['tokens_outside_band']} outside |")
     return "\n".join(out) + "\n"
 
@@ -221,7 +230,7 @@ def plots(rows: list[dict], out: Path) -> None:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--questions", required=True)
+    ap.add_argument("--questions", help="Spec-Bench's question.jsonl (needed unless --report-only)")
     ap.add_argument("--per-subtask", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--methods", default="ar,tr,tr_fused,pld")
@@ -239,7 +248,12 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int)
     ap.add_argument("--host-memory", choices=HOST_MEMORY, default="keep",
                     help="keep: freed host memory stays for reuse (hardware/host_memory.py); system: libc's defaults")
-    return ap.parse_args(argv)
+    ap.add_argument("--report-only", action="store_true",
+                    help="only rewrite OUT/tables.md and OUT/plots from OUT/results.jsonl")
+    args = ap.parse_args(argv)
+    if not args.report_only and not args.questions:
+        ap.error("--questions is required (Spec-Bench's question.jsonl), unless --report-only")
+    return args
 
 
 def main(argv=None) -> None:
@@ -249,6 +263,9 @@ def main(argv=None) -> None:
     host_memory = apply_host_memory(args.host_memory)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        report(out)
+        return
     model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
     eos = eos_token_ids(model, tok)
     questions = select_per_subtask(load_jsonl_questions(args.questions), args.per_subtask)
@@ -288,7 +305,12 @@ def main(argv=None) -> None:
         append_jsonl(results, row)
         print(f"[{round_}] {load} {method} {policy} B={batch} rate={rate}: {figures['throughput']} tok/s, MAT {figures['mat']}, "
               f"{figures['exact_vs_ar']}/{len(prompts)} exact ({time.time() - t0:.0f} s)", flush=True)
-    rows = read_jsonl(results)
+    report(out)
+
+
+def report(out: Path) -> None:
+    """OUT/tables.md and OUT/plots from OUT/results.jsonl (printed)."""
+    rows = read_jsonl(out / "results.jsonl")
     (out / "tables.md").write_text(tables(rows))
     plots(rows, out / "plots")
     print((out / "tables.md").read_text())

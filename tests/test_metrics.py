@@ -121,3 +121,14 @@ def test_speedup_ci_brackets_the_speedup_and_is_seeded():
     assert metrics.speedup_ci(same, ar) == pytest.approx((2.0, 2.0))  # no spread, no width
     assert metrics.speedup_ci(m[:1], ar) is None  # one question: nothing to resample
     assert metrics.speedup_ci(m, ar[10:]) == metrics.speedup_ci(m[10:], ar[10:])  # shared questions only
+
+
+def test_the_mean_interval_is_students_t():
+    from scipy import stats
+
+    for values in ([0.95, 1.05, 0.97, 1.03], [1.2, 1.1], list(range(40))):
+        low, high = metrics.mean_interval_95(values)
+        m, se = sum(values) / len(values), stats.sem(values)
+        t = stats.t.ppf(0.975, len(values) - 1) if len(values) <= 31 else 1.960
+        assert (low, high) == pytest.approx((m - t * se, m + t * se), rel=1e-3)
+    assert metrics.mean_interval_95([1.0]) is None

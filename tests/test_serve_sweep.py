@@ -36,7 +36,21 @@ def test_rounds_are_paired_with_their_own_ar(sweep):
     assert good["low"] == pytest.approx(1.10) and good["exact_vs_ar"] == 24
     assert combined["pld", "fixed"]["speedup"] == pytest.approx(0.5) and combined["pld", "fixed"]["rounds"] == 1
     table = sweep.tables(rows)
-    assert "| pld | goodput | 4 | 2 | 19.8 | 1.10x (1.10-1.10) |" in table and "24/24 exact, 0 outside" in table
+    assert "| pld | goodput | 4 | 2 | 19.8 | 1.10x (1.10-1.10) | 1.10-1.10 |" in table and "24/24 exact, 0 outside" in table
+
+
+def test_the_interval_says_when_rounds_cannot_tell_a_method_from_ar(sweep, tmp_path):
+    # ratios 0.95, 1.05, 0.97, 1.03: mean 1.00, and four rounds this spread leave 1 well inside the interval
+    rows = [line("ar", "fixed", 16, k, 40.0) for k in (1, 2, 3, 4)]
+    rows += [line("tr", "goodput", 16, k, 40.0 * q) for k, q in zip((1, 2, 3, 4), (0.95, 1.05, 0.97, 1.03))]
+    (tr,) = [r for r in sweep.combine(rows, "closed") if r["method"] == "tr"]
+    low, high = tr["ci95"]
+    assert low < 1.0 < high and high - low == pytest.approx(3.182 * 0.047610, rel=1e-3)  # 2 t s / sqrt(4)
+    # --report-only rewrites the tables and plots from results.jsonl alone (no model, no questions)
+    (tmp_path / "results.jsonl").write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    sweep.main(["--out", str(tmp_path), "--report-only"])
+    assert f"| {low:.2f}-{high:.2f} |" in (tmp_path / "tables.md").read_text()
+    assert (tmp_path / "plots" / "speedup_vs_batch.png").is_file()
 
 
 def test_under_arrivals_the_speedup_is_in_latency(sweep):

@@ -10,7 +10,7 @@ None for records without them, so older runs still report everything else.
 from __future__ import annotations
 
 import random
-from statistics import mean
+from statistics import mean, stdev
 
 from specbench.inputs.tasks import SUBTASKS
 
@@ -172,6 +172,23 @@ def speedup_ci(method: list[dict], baseline: list[dict], level: float = 0.95, re
     if not ratios:
         return None
     return percentile(ratios, 50 * (1 - level)), percentile(ratios, 50 * (1 + level))
+
+
+# Student's t, two-sided 95%: its 0.975 quantile for 1 .. 30 degrees of freedom (beyond: the normal's)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def mean_interval_95(values: list[float]) -> tuple[float, float] | None:
+    """95% confidence interval of the mean of independent measurements (Student's t): for a sweep's
+    rounds, each its own draw of the machine's drift, whether a speedup's mean is told apart from 1.
+    None below two values."""
+    n = len(values)
+    if n < 2:
+        return None
+    m = mean(values)
+    half = (T975[n - 2] if n - 1 <= len(T975) else 1.960) * stdev(values) / n ** 0.5
+    return m - half, m + half
 
 
 def rows_per_step(records: list[dict]) -> float:
