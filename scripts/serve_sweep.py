@@ -91,12 +91,14 @@ def run_single(single: Engine, model, prompts, refs, args, method, cost) -> dict
             "requests": len(results), "exact_vs_ar": sum(r.tokens == ref for r, ref in zip(results, refs))}
 
 
-def schedule(configs: list[tuple], repeats: int) -> list[tuple]:
-    """(round, *config) in run order: round by round, the single-request runs in the first only. Within
-    a round the configurations of one load and batch size (or rate) stay together, AR among them, in
-    reverse order every other round: the machine's drift over a few minutes then favours no method."""
+def schedule(configs: list[tuple], repeats: int, first: int = 1) -> list[tuple]:
+    """(round, *config) in run order: rounds first..repeats, the single-request runs in round 1 only.
+    Within a round the configurations of one load and batch size (or rate) stay together, AR among
+    them, in reverse order every other round: the machine's drift over a few minutes then favours no
+    method. A later `first` adds rounds to a sweep without running its earlier rounds' new
+    configurations, which would have no AR beside them."""
     out = []
-    for k in range(1, repeats + 1):
+    for k in range(first, repeats + 1):
         groups: dict = {}
         for c in configs:
             if k == 1 or c[0] != "single":
@@ -238,6 +240,8 @@ def parse_args(argv=None):
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--fixed-batches", help="run fixed speculation only at these batch sizes (default: every one)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds: every configuration this many times, interleaved")
+    ap.add_argument("--first-round", type=int, default=1,
+                    help="run rounds from this one on (more rounds, or new configurations, for an existing sweep)")
     ap.add_argument("--single-methods", default="ar,tr,tr_fused,pld",
                     help="also run these through the single-request engine (the B = 1 check); empty: none")
     ap.add_argument("--rates", default="", help="Poisson request rates (requests/s), e.g. 0.5,1,2; empty: none")
@@ -290,7 +294,7 @@ def main(argv=None) -> None:
                 if m == "ar" or pol != "fixed" or fixed_at is None or b in fixed_at]
     configs += [("poisson", m, pol, args.rate_batch, float(r)) for r in filter(None, args.rates.split(","))
                 for m in methods for pol in (["fixed"] if m == "ar" else args.policies.split(","))]
-    for round_, load, method, policy, batch, rate in schedule(configs, args.repeats):
+    for round_, load, method, policy, batch, rate in schedule(configs, args.repeats, args.first_round):
         if (load, method, policy, batch, rate, round_) in done:
             continue
         arrivals = poisson_arrivals(len(prompts), rate, args.seed)

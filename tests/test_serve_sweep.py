@@ -77,3 +77,10 @@ def test_every_other_round_runs_a_batch_size_in_reverse(sweep):
     assert order == [(1, "ar", 1), (1, "ar", 1), (1, "tr", 1), (1, "ar", 4), (1, "tr", 4),
                      (2, "tr", 1), (2, "ar", 1), (2, "tr", 4), (2, "ar", 4),
                      (3, "ar", 1), (3, "tr", 1), (3, "ar", 4), (3, "tr", 4)]
+
+
+def test_rounds_added_later_leave_the_earlier_rounds_alone(sweep):
+    # a configuration added to a three-round sweep runs in the new rounds only, beside their own AR
+    configs = [("single", "ar", "fixed", 1, None), ("closed", "ar", "fixed", 1, None), ("closed", "tr", "fixed", 1, None)]
+    order = [(k, c[0], c[1]) for k, *c in sweep.schedule(configs, 5, first=4)]
+    assert order == [(4, "closed", "tr"), (4, "closed", "ar"), (5, "closed", "ar"), (5, "closed", "tr")]
