@@ -211,11 +211,12 @@ def plots(rows: list[dict], out: Path) -> None:
         if not combined:
             continue
         fig, ax = plt.subplots(figsize=(6, 4))
+        methods = sorted({r["method"] for r in combined})  # one colour a method, its policies by line style
         for key in sorted({(r["method"], r["policy"]) for r in combined}):
             pts = sorted((r[x], r["speedup"], r["low"], r["high"]) for r in combined if (r["method"], r["policy"]) == key)
             xs, ys, lo, hi = zip(*pts)
             line, = ax.plot(xs, ys, marker="o", linestyle="-" if key[1] == "goodput" else "--",
-                            label=f"{key[0]} ({key[1]})")
+                            color=f"C{methods.index(key[0])}", label=f"{key[0]} ({key[1]})")
             if any(h > low for low, h in zip(lo, hi)):  # the rounds' range, where there were several
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
         ax.axhline(1.0, color="grey", lw=0.8)
