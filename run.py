@@ -97,12 +97,16 @@ def run_config(cfg: DictConfig) -> int:
     return main_exit_code(summary, plain)
 
 
+# Each job's exit code. A job returns its code instead of raising SystemExit, which would end a
+# Hydra multirun at the first method that fails and lose the rest; the process exits with the worst.
+EXIT_CODES: list[int] = []
+
+
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> int:
     code = run_config(cfg)
-    if code:
-        sys.exit(code)
-    return 0
+    EXIT_CODES.append(code)
+    return code
 
 
 if __name__ == "__main__":
@@ -112,3 +116,4 @@ if __name__ == "__main__":
     except SpecbenchError as e:
         sys.exit(refuse(e))
     main()
+    sys.exit(max(EXIT_CODES, default=0))

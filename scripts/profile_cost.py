@@ -50,6 +50,13 @@ def main(argv=None) -> int:
                                warmup=args.warmup, model_name=mcfg["name"], dtype_name=args.dtype,
                                progress=True, machine=True, engine=Engine(model, [], compiled=args.compile,
                                                                                   products=args.products))
+    if args.compile and curve.forward == "eager":
+        # the compiled forward fell back to eager (said above in one warning line): a curve labelled
+        # eager would make every compile=on run refuse it, one labelled compiled would be false
+        print("error: --compile was asked for but the compiled forward could not run here (see the warning "
+              "above), so no curve was written; profile without --compile and run with compile=off",
+              file=sys.stderr)
+        return 2
     paths = []
     if not args.no_cache:
         paths.append(curve.save(cache_path(curve.model, curve.device, curve.dtype, curve.forward)))

@@ -55,13 +55,24 @@ def test_a_cpu_without_avx2_gets_inductors_products_and_is_told(monkeypatch):
 
 def test_an_older_torch_is_refused_in_one_line():
     low = declared_minimum("torch")
-    if low is None:
-        pytest.skip("specbench is not installed (pip install -e .): no declared torch range to check")
-    assert low == Version("2.13")  # pyproject.toml's lower bound, as installed
-    with pytest.raises(EnvironmentProblem, match=r"^torch 2.12.0 is older than the oldest supported, 2.13; "
-                                                 r"upgrade it: pip install -U 'torch>=2.13'$"):
-        check_torch_version("2.12.0")
+    assert low == Version("2.11")  # pyproject.toml's lower bound: the offline GPU node's torch
+    with pytest.raises(EnvironmentProblem, match=r"^torch 2.10.0 is older than the oldest supported, 2.11; "
+                                                 r"install a newer one: pip install -U 'torch>=2.11' \(offline"):
+        check_torch_version("2.10.0")
     check_torch_version(torch.__version__)
+    check_torch_version("2.11.0+cu130")  # the node's build passes
+
+
+def test_the_floor_is_the_same_installed_or_not(monkeypatch):
+    """A checkout run as it is (a cluster node) reads pyproject.toml; without it, the installed metadata."""
+    from specbench import environment
+
+    assert environment.declared_minimum("transformers") == Version("5.17")
+    monkeypatch.setattr(environment, "PYPROJECT", environment.PYPROJECT.with_name("no-such.toml"))
+    monkeypatch.setattr(environment.metadata, "requires", lambda name: ["torch>=2.11", "transformers>=5.17,<6"])
+    assert environment.declared_minimum("torch") == Version("2.11")
+    with pytest.raises(EnvironmentProblem, match=r"^transformers 5.16.0 is older than the oldest supported, 5.17"):
+        environment.check_version("transformers", "5.16.0")
 
 
 def test_without_a_compiler_the_run_is_eager(monkeypatch):

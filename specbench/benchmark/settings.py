@@ -9,7 +9,7 @@ checks are likewise the ones their loaders run.
 from __future__ import annotations
 
 from specbench.decoding.forward_choice import planned_forward
-from specbench.environment import check_torch_version
+from specbench.environment import check_environment
 from specbench.errors import SettingsError
 from specbench.hardware.cost import load_curve_file
 from specbench.hardware.host_memory import HOST_MEMORY
@@ -47,7 +47,7 @@ def method_params(cfg: dict) -> dict:
 
 def validate(cfg: dict) -> None:
     """Every setting of a run (the runner's config, max_new_tokens filled in from the task)."""
-    check_torch_version()
+    check_environment()
     _check_all_set(cfg)
     method = drafter_class(cfg["method"]["name"])  # an unknown name is refused with the valid ones
     if _number(cfg["max_new_tokens"], "max_new_tokens", integer=True) < 1:
