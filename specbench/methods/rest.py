@@ -17,7 +17,9 @@ import torch
 from specbench.drafter import DecodeState, Draft, Drafter
 from specbench.errors import SettingsError
 from specbench.registry import register
-from specbench.methods.rest_datastore import TRIE_RULES, Datastore, DatastoreError, open_datastore, resolve_path
+from specbench.inputs.models import loaded_tokenizer
+from specbench.methods.rest_datastore import (TRIE_RULES, Datastore, DatastoreError, check_tokenizer, open_datastore,
+                                              resolve_path, vocab_sha256)
 from specbench.decoding.tree import DraftTree
 
 
@@ -50,6 +52,10 @@ class Rest(Drafter):
         continuation_len = s.continuation_len
         self._check(num_draft, max_token_span, min_token_span, max_matches, continuation_len, trie)
         self.store = Datastore(resolve_path(datastore))
+        # the ids must be this tokenizer's: a store for SmolLM2 fits Gemma-3's larger vocabulary too
+        tokenizer = loaded_tokenizer(self.target.model)
+        check_tokenizer(self.store.path, self.store.meta, self.target.model_name,
+                        vocab_sha256(tokenizer) if tokenizer is not None else "")
         top = int(self.store.meta.get("max_token_id", -1))
         if top >= vocab_size or self.store.vocab_size > vocab_size:
             raise DatastoreError(
@@ -65,11 +71,14 @@ class Rest(Drafter):
 
     @classmethod
     def check_settings(cls, params: dict, target: dict) -> dict:
-        """The numbers, and the datastore's files and metadata (its arrays are not read)."""
+        """The numbers, and the datastore's files and metadata (its arrays are not read): a store
+        that records another model and no vocabulary hash is refused before the model loads."""
         p = super().check_settings(params, target)
         cls._check(p["num_draft"], p["max_token_span"], p["min_token_span"], p["max_matches"],
                    p["continuation_len"], p["trie"])
-        open_datastore(resolve_path(p["datastore"]))
+        path = resolve_path(p["datastore"])
+        meta, _, _ = open_datastore(path)
+        check_tokenizer(path, meta, target.get("model_name", ""), before_loading=True)
         return p
 
     @classmethod

