@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CALL_LIMIT = 64 << 20  # bytes one call may carry, the checkout included
-MARGIN = 1 << 20  # for files the checkout gains before the call (a results file, a log)
+MARGIN = 2 << 20  # for files the checkout gains before the call (a results file, a log)
 WHEELS = ["hydra-core", "omegaconf", "antlr4-python3-runtime", "gguf"]  # pure Python; the node has the rest
 NODE_PYTHON = "3.12"
 

@@ -41,7 +41,6 @@ done
 
 echo "== pack (here, with the network)"
 "$HOST_PY" scripts/gpu_pack.py --json > "$WORK/plan.json"
-"$HOST_PY" scripts/gpu_pack.py | sed -n '1p'
 calls=$("$HOST_PY" -c "import json; print(len(json.load(open('$WORK/plan.json'))['calls']))")
 
 node_env() {  # the node: its own Python first on PATH, a new HOME, nothing else of ours
