@@ -105,3 +105,35 @@ def test_every_stage_has_a_function_and_the_budgets_fit_a_call():
     assert [s.name for s in gpu_check.STAGES] == list(gpu_check.STAGE_FUNCTIONS)
     assert sum(s.gpu_budget for s in gpu_check.STAGES) <= 600 + 200  # later stages take what is left
     assert gpu_check.TOTAL_BUDGET <= 570  # a call runs at most 600 s; the archive and a margin need the rest
+
+
+# -- the walls a sweep on the node would have hit ----------------------------------------------------
+
+def test_a_failing_job_does_not_end_a_multirun(real_model, tmp_path):
+    """A job that exits (here: max_new_tokens=0, refused) is recorded; the next job still runs, and the
+    process exits with the worst code (Hydra stops at a SystemExit, so jobs return their codes)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "run.py", "-m", "method=pld", "task=mini", "task.limit=1",
+                           "max_new_tokens=0,4", "warmup=0", "compile=off", "cost_curve=off", "progress=false",
+                           "wandb.enabled=false", f"results_root={tmp_path}", f"hydra.sweep.dir={tmp_path}/multirun"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: max_new_tokens must be at least 1, got 0" in proc.stderr
+    assert (tmp_path / "smollm2-135m" / "mini-l1" / "pld-t0-m4" / "summary.json").is_file()
+
+
+def test_a_compiled_profile_that_fell_back_writes_no_curve(real_model, tmp_path, monkeypatch, capsys):
+    import profile_cost
+
+    from specbench.decoding import compiled
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(compiled.CompiledForward, "__init__", fail)
+    out = tmp_path / "curve.json"
+    code = profile_cost.main(["--widths", "2", "--repeats", "1", "--warmup", "0", "--context", "8", "--compile",
+                              "--out", str(out), "--no-cache"])
+    assert code == 2 and not out.exists()
+    assert "error: --compile was asked for but the compiled forward could not run here" in capsys.readouterr().err
