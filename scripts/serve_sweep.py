@@ -64,16 +64,40 @@ def drafter_pool(method: str, model, cost: BatchCost) -> DrafterPool:
 def run_config(engine, model, prompts, refs, args, method, policy_name, cost, max_batch, arrivals):
     policy = BatchGoodput(cost) if policy_name == "goodput" else FixedSpeculation()
     pool = drafter_pool(method, model, cost)
-    requests = [Request(p, args.max_new_tokens, pool, None, a) for p, a in zip(prompts, arrivals)]
+    requests = [Request(p, args.max_new_tokens, pool, None, a) for p, a in zip(prompts, arrivals, strict=True)]
     result = engine.generate(requests, max_batch, policy)
-    exact = sum(r.tokens == ref for r, ref in zip(result.records, refs))
-    outside = 0
-    for r, p, ref in zip(result.records, prompts, refs):
-        if r.tokens != ref:  # judged token by token against the target's own choices
-            c = lossless.check_tokens(model, {"turns": [{"prompt_ids": p, "token_ids": r.tokens}]}, "float32")
-            outside += c["tokens_outside_band"]
     margin = {"min_gain": policy.min_gain} if isinstance(policy, BatchGoodput) else {}
-    return {**serving_figures(result), "exact_vs_ar": exact, "tokens_outside_band": outside, **margin}
+    return {**serving_figures(result), **judge(model, prompts, [r.tokens for r in result.records], refs), **margin}
+
+
+def judge(model, prompts, outputs, refs) -> dict:
+    """Each output against its AR reference: exact, or judged token by token against the target's own
+    choices (float32). A mismatch: a token outside the band, or one side stopping where the other goes
+    on with the same tokens (a length difference is never exact), or a request without an output."""
+    if not (len(prompts) == len(outputs) == len(refs)):  # a request lost or added: every one counts as failed
+        return {"exact_vs_ar": 0, "tokens_outside_band": 0, "mismatches": max(len(prompts), len(outputs), len(refs))}
+    exact = outside = mismatches = 0
+    for p, tokens, ref in zip(prompts, outputs, refs, strict=True):
+        if tokens == ref:
+            exact += 1
+            continue
+        c = lossless.check_tokens(model, {"turns": [{"prompt_ids": p, "token_ids": tokens}]}, "float32")
+        outside += c["tokens_outside_band"]
+        cut = lossless.first_divergence(tokens, ref) == min(len(tokens), len(ref))  # same tokens, one stops early
+        mismatches += bool(c["tokens_outside_band"] or cut)
+    return {"exact_vs_ar": exact, "tokens_outside_band": outside, "mismatches": mismatches}
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """The rows that fail the lossless check: a token outside the band, a mismatch, a request missing."""
+    bad = []
+    for r in rows:
+        missing = r.get("questions", r.get("requests", 0)) - r.get("requests", r.get("questions", 0))
+        if r.get("tokens_outside_band") or r.get("mismatches") or missing:
+            bad.append(f"{r['load']} {r['method']} {r['policy']} B={r['batch']} rate={r.get('rate')} round "
+                       f"{r.get('round', 1)}: {r.get('mismatches', 0)} mismatch(es), {r.get('tokens_outside_band', 0)} "
+                       f"token(s) outside the band, {missing} request(s) missing")
+    return bad
 
 
 def run_single(single: Engine, model, prompts, refs, args, method, cost) -> dict:
@@ -88,7 +112,7 @@ def run_single(single: Engine, model, prompts, refs, args, method, cost) -> dict
     steps = sum(len(r.accept_lengths) for r in results)
     return {"tokens": tokens, "wall_s": round(wall, 3), "throughput": round(tokens / wall, 2),
             "mat": round(sum(sum(r.accept_lengths) for r in results) / max(steps, 1), 3),
-            "requests": len(results), "exact_vs_ar": sum(r.tokens == ref for r, ref in zip(results, refs))}
+            "requests": len(results), **judge(model, prompts, [r.tokens for r in results], refs)}
 
 
 def schedule(configs: list[tuple], repeats: int, first: int = 1) -> list[tuple]:
@@ -138,8 +162,13 @@ def combine(rows: list[dict], load: str) -> list[dict]:
                     "low": min(ratios, default=float("nan")), "high": max(ratios, default=float("nan")),
                     "ci95": mean_interval_95(ratios),
                     "exact_vs_ar": sum(r["exact_vs_ar"] for r in rs), "requests": sum(r["requests"] for r in rs),
-                    "tokens_outside_band": sum(r["tokens_outside_band"] for r in rs)})
+                    "tokens_outside_band": sum(r["tokens_outside_band"] for r in rs),
+                    "mismatches": sum(r.get("mismatches", 0) for r in rs)})
     return sorted(out, key=lambda r: (r["method"] != "ar", r["method"], r["policy"], r["batch"], r["rate"] or 0))
+
+
+def mismatch_note(r: dict) -> str:
+    return f", {r['mismatches']} MISMATCH(ES)" if r.get("mismatches") else ""
 
 
 def speedup_cell(r: dict) -> str:
@@ -169,7 +198,7 @@ def tables(rows: list[dict]) -> str:
                        f"{speedup_cell(r)} | {interval_cell(r)} | {r['mat']:.2f} | {r['rows_per_step']:.1f} | "
                        f"{r['latency_p50']:.1f} | "
                        f"{r['latency_p99']:.1f} | {r['tpot_ms'] or 0:.1f} | "
-                       f"{r['exact_vs_ar']}/{r['requests']} exact, {r['tokens_outside_band']} outside |")
+                       f"{r['exact_vs_ar']}/{r['requests']} exact, {r['tokens_outside_band']} outside{mismatch_note(r)} |")
     single = [r for r in rows if r["load"] == "single"]
     batch1 = {r["method"]: r for r in closed if r["batch"] == 1 and r["policy"] == "fixed"}
     if single:
@@ -182,7 +211,7 @@ def tables(rows: list[dict]) -> str:
             b = batch1.get(r["method"])
             bt = f"{b['throughput']:.1f} | {b['mat']:.2f} | {b['throughput'] / r['throughput']:.2f}" if b else "- | - | -"
             out.append(f"| {r['method']} | {r['throughput']:.1f} | {r['mat']:.2f} | {bt} | "
-                       f"{r['exact_vs_ar']}/{r['requests']} exact |")
+                       f"{r['exact_vs_ar']}/{r['requests']} exact{mismatch_note(r)} |")
     opened = combine(rows, "poisson")
     if opened:
         out += ["", "## Poisson arrivals", "",
@@ -192,7 +221,7 @@ def tables(rows: list[dict]) -> str:
             out.append(f"| {r['method']} | {r['policy']} | {r['rate']} | {r['batch']} | {r['rounds']} | "
                        f"{r['throughput']:.1f} | {r['latency_mean']:.1f} | {r['latency_p50']:.1f} | "
                        f"{r['latency_p99']:.1f} | {speedup_cell(r)} | {interval_cell(r)} | "
-                       f"{r['exact_vs_ar']}/{r['requests']} exact, {r['tokens_outside_band']} outside |")
+                       f"{r['exact_vs_ar']}/{r['requests']} exact, {r['tokens_outside_band']} outside{mismatch_note(r)} |")
     return "\n".join(out) + "\n"
 
 
@@ -270,6 +299,7 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         report(out)
+        exit_on_failures(out)
         return
     model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
     eos = eos_token_ids(model, tok)
@@ -311,6 +341,16 @@ def main(argv=None) -> None:
         print(f"[{round_}] {load} {method} {policy} B={batch} rate={rate}: {figures['throughput']} tok/s, MAT {figures['mat']}, "
               f"{figures['exact_vs_ar']}/{len(prompts)} exact ({time.time() - t0:.0f} s)", flush=True)
     report(out)
+    exit_on_failures(out)
+
+
+def exit_on_failures(out: Path) -> None:
+    """Exit 1, naming each failing configuration, when any line of OUT/results.jsonl fails the check."""
+    bad = failures(read_jsonl(out / "results.jsonl"))
+    if bad:
+        for line in bad:
+            print(f"LOSSLESS CHECK FAILED: {line}", file=sys.stderr)
+        sys.exit(1)
 
 
 def report(out: Path) -> None:

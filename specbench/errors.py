@@ -20,3 +20,15 @@ class MissingFileError(SettingsError, FileNotFoundError):
 
 class ModelLoadError(SpecbenchError, RuntimeError):
     """Model weights that cannot be fetched or read."""
+
+
+class RunLockedError(SpecbenchError, RuntimeError):
+    """A results directory that another run (named with its pid, host and start time) is writing."""
+
+
+class ResultsFileError(SpecbenchError, OSError):
+    """A results file or folder that cannot be written or read back (read-only, full disk, corrupt JSON)."""
+
+
+class InputError(SettingsError):
+    """Input the run cannot use as given: duplicate question ids, empty turns, a context too short."""

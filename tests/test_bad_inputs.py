@@ -85,6 +85,20 @@ CASES = [
      r"batched runs use the eager forward .*; set compile=off or auto", "in-process"),
     ("device=cuda without a GPU", ["device=cuda"], r"device=cuda was asked for but torch sees no CUDA GPU; use device=cpu",
      "in-process"),
+    ("duplicate question ids", ["task=jsonl", "task.path={tmp}/duplicate_ids.jsonl"],
+     r".*duplicate_ids.jsonl:3: duplicate question_id 7 \(first on line 1\); each question needs its own id",
+     "in-process"),
+    ("empty turn", ["task=jsonl", "task.path={tmp}/empty_turn.jsonl"],
+     r".*empty_turn.jsonl:2: question 'q2' has an empty turn \(turn 2\); every turn must hold text", "in-process"),
+    ("task.limit=0", ["task.limit=0"], r"task.limit must be at least 1 \(a number of questions; null: all\), got 0",
+     "in-process"),
+    ("max_new_tokens beyond the context", ["max_new_tokens=9000"],
+     r"max_new_tokens=9000 is beyond the context of model smollm2-135m \(8192 positions, prompt included\); "
+     r"set max_new_tokens below 8192", "in-process"),
+    ("corrupt run_config.json", ["results_dir={tmp}/corrupt_run"],
+     r".*corrupt_run/run_config.json: not valid JSON \(Expecting value, line 1\); the file is corrupt", "in-process"),
+    ("results folder that cannot be made", ["results_dir={tmp}/bad.jsonl/run"],
+     r"cannot create .*bad.jsonl/run: Not a directory; free space, make the folder writable", "in-process"),
 ]
 
 
@@ -106,6 +120,13 @@ def make_inputs(tmp: Path) -> None:
     (tmp / "eager_curve.json").write_text(json.dumps({"widths": [1, 2], "times": [0.05, 0.08]}))
     (tmp / "not_heads").mkdir()
     (tmp / "not_heads" / "notes.txt").write_text("not a heads directory\n")
+    (tmp / "duplicate_ids.jsonl").write_text('{"question_id": 7, "category": "qa", "turns": ["a"]}\n'
+                                             '{"question_id": 8, "category": "qa", "turns": ["b"]}\n'
+                                             '{"question_id": 7, "category": "qa", "turns": ["c"]}\n')
+    (tmp / "empty_turn.jsonl").write_text('{"question_id": "q1", "category": "qa", "turns": ["a"]}\n'
+                                          '{"question_id": "q2", "category": "writing", "turns": ["b", "  "]}\n')
+    (tmp / "corrupt_run").mkdir()  # a run_config.json cut off (a full disk, an editor)
+    (tmp / "corrupt_run" / "run_config.json").write_text("")
 
 
 def _not_reached(what):

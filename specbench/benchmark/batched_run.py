@@ -21,7 +21,6 @@ summary.json; and serving/serving.md, the table of every serving run beside it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,8 @@ from pathlib import Path
 import torch
 
 from specbench.benchmark import lossless
-from specbench.benchmark.results import write_json_atomic, write_text_atomic
+from specbench.benchmark.results import make_directory, read_json, write_json_atomic, write_text_atomic
+from specbench.benchmark.run_lock import lock_run_directory
 from specbench.benchmark.serving import poisson_arrivals, serving_figures
 from specbench.benchmark.settings import method_params
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
@@ -67,7 +67,7 @@ def serving_identity(cfg: dict) -> dict:
 
 def run_serving(cfg: dict) -> dict:
     """Both sides timed, every output checked, summary written and printed. Returns the summary."""
-    from specbench.benchmark.runner import check_identity, load_engine, prepared_settings, run_cost_curve
+    from specbench.benchmark.runner import prepared_settings
 
     cfg = dict(cfg)
     eager_by_choice = cfg["compile"] == "auto"
@@ -76,8 +76,17 @@ def run_serving(cfg: dict) -> dict:
     cfg = prepared_settings(cfg)  # every setting checked before anything loads
     if eager_by_choice:
         print("note: batched runs use the eager forward", file=sys.stderr)
-    out_dir = serving_dir(cfg)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = make_directory(serving_dir(cfg))
+    lock = lock_run_directory(out_dir)  # one run per directory, held until this run returns
+    try:
+        return _serve(cfg, out_dir)
+    finally:
+        lock.release()
+
+
+def _serve(cfg: dict, out_dir: Path) -> dict:
+    from specbench.benchmark.runner import check_identity, load_engine, run_cost_curve
+
     ident = serving_identity(cfg)
     check_identity(out_dir, ident, SERVING_CONFIG)
     write_json_atomic(out_dir / SERVING_CONFIG, {"identity": ident, "config": cfg})
@@ -102,20 +111,20 @@ def run_serving(cfg: dict) -> dict:
     def timed(build_drafter_, name: str) -> dict:
         path = out_dir / f"{name}_batch.json"
         if path.is_file():  # finished before an interruption: its timing stands
-            return json.loads(path.read_text())
+            return read_json(path)  # a request missing from it fails the check (check_requests)
         warm = [Request(prompt_ids(tok, [{"role": "user", "content": WARMUP_QUESTION.turns[0]}], template),
                         cfg["max_new_tokens"], DrafterPool(build_drafter_))] * min(2, cfg["batch_size"])
         for _ in range(min(cfg["warmup"], 1)):
             batched.generate(warm, cfg["batch_size"], policy())
         pool = DrafterPool(build_drafter_)  # fresh drafters: the warm-up's learning is thrown away
         chosen = policy()
-        result = batched.generate([Request(p, cfg["max_new_tokens"], pool, None, a) for p, a in zip(prompts, arrivals)],
-                                  cfg["batch_size"], chosen)
+        result = batched.generate([Request(p, cfg["max_new_tokens"], pool, None, a)
+                                   for p, a in zip(prompts, arrivals, strict=True)], cfg["batch_size"], chosen)
         margin = {"min_gain": chosen.min_gain} if isinstance(chosen, BatchGoodput) and name == "method" else {}
         side = {"figures": serving_figures(result), "policy": cfg["batch_speculation"] if name == "method" else "fixed",
                 **margin,
                 "requests": [dict(dataclasses.asdict(r), question_id=q.question_id)
-                             for r, q in zip(result.records, questions)],
+                             for r, q in zip(result.records, questions, strict=True)],
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
         write_json_atomic(path, side)
         return side
@@ -143,9 +152,18 @@ def batch_cost(out_dir: Path, model, batch_size: int) -> BatchCost:
 
 
 def check_requests(cfg: dict, model, engine, prompts, questions, requests: list[dict]) -> list[dict]:
-    """Each request against its batch-size-1 AR output, and every emitted token against the target's choice."""
+    """Each request against its batch-size-1 AR output, and every emitted token against the target's choice.
+    A question without its request, or a request of no question, is a mismatch (nothing is skipped)."""
     checks = []
-    for p, q, r in zip(prompts, questions, requests):
+    by_id = {r.get("question_id"): r for r in requests}
+    asked = {q.question_id for q in questions}
+    for stray in [r for r in requests if r.get("question_id") not in asked]:
+        checks.append(missing_request(stray.get("question_id"), "a request of no question in this run's task"))
+    for p, q in zip(prompts, questions, strict=True):
+        r = by_id.get(q.question_id)
+        if r is None:
+            checks.append(missing_request(q.question_id, "no request recorded for this question"))
+            continue
         ref = engine.generate(p, build_drafter("ar"), cfg["max_new_tokens"]).tokens
         ar_rec = {"turns": [{"prompt_ids": p, "token_ids": ref}]}
         rec = {"turns": [{"prompt_ids": p, "token_ids": r["tokens"]}]}
@@ -153,6 +171,13 @@ def check_requests(cfg: dict, model, engine, prompts, questions, requests: list[
         c["tokens"] = lossless.check_tokens(model, rec, cfg["dtype"], None, q.question_id)
         checks.append(dict(c, question_id=q.question_id))
     return checks
+
+
+def missing_request(question_id, why: str) -> dict:
+    """The check of a request that is missing (or has no question): a mismatch, counted and reported."""
+    nothing = {"tokens_checked": 0, "tokens_equal": 0, "tokens_numeric": 0, "tokens_outside_band": 0,
+               "first_outside": None}
+    return {"status": "mismatch", "reason": why, "question_id": question_id, "tokens": nothing}
 
 
 def serving_summary(cfg: dict, side: dict, ar_side: dict | None, checks: list[dict]) -> dict:
@@ -187,7 +212,7 @@ def serving_table(summaries: list[dict]) -> str:
 
 def write_serving_table(serving_root: Path) -> None:
     """serving.md: every finished serving run under serving_root, by method, batch size and rate."""
-    found = [json.loads(p.read_text()) for p in sorted(serving_root.glob("*/summary.json"))]
+    found = [read_json(p) for p in sorted(serving_root.glob("*/summary.json"))]
     found.sort(key=lambda s: (s["method"] != "ar", s["method"], s["request_rate"] or 0, s["batch_size"],
                               s["batch_speculation"]))
     if found:

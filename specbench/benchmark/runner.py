@@ -29,7 +29,7 @@ from specbench.inputs.models import eos_token_ids, load_model, resolve_device, r
 from specbench.drafter import Target
 from specbench.registry import drafter_class, build_drafter
 from specbench.decoding.sampling import PositionSampler
-from specbench.benchmark.results import append_jsonl, repair_jsonl, write_json_atomic
+from specbench.benchmark.results import append_jsonl, read_json, repair_jsonl, write_json_atomic
 from specbench.inputs.tasks import SUBTASKS, WARMUP_QUESTION, Question, load_task
 from specbench.benchmark.settings import is_serving_run, method_params, validate
 from specbench.errors import SettingsError
@@ -173,7 +173,7 @@ def check_identity(path: Path, ident: dict, config_file: str = "run_config.json"
     """Refuse a directory whose answers were made with other settings than `ident`."""
     cfg_file = path / config_file
     if cfg_file.is_file():
-        old = json.loads(cfg_file.read_text())["identity"]
+        old = read_json(cfg_file)["identity"]  # corrupt: one line naming the file (results.read_json)
         diff = {k: (old.get(k), v) for k, v in ident.items() if old.get(k) != v}
         if diff:
             raise SettingsError(
@@ -351,13 +351,25 @@ def prepared_settings(cfg: dict) -> dict:
 def open_run_directory(cfg: dict) -> Run:
     """The run's directory: refused if it holds answers of other settings, else its config written
     and its finished answers read back (a rerun resumes)."""
-    out_dir = results_dir_for(cfg, cfg["method"]["name"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # a run's own answers also depend on the method and its settings (AR references do not)
-    check_identity(out_dir, run_identity(cfg))
-    write_json_atomic(out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
-    done = {r["question_id"]: r for r in repair_jsonl(out_dir / "answers.jsonl")}
-    return Run(cfg, load_task(cfg["task"]), out_dir, done)
+    import weakref
+
+    from specbench.benchmark.results import make_directory
+    from specbench.benchmark.run_lock import lock_run_directory
+
+    out_dir = make_directory(results_dir_for(cfg, cfg["method"]["name"]))
+    # one run per directory: a second one is refused naming this one; released with the Run (or the process)
+    lock = lock_run_directory(out_dir)
+    try:
+        # a run's own answers also depend on the method and its settings (AR references do not)
+        check_identity(out_dir, run_identity(cfg))
+        write_json_atomic(out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
+        done = {r["question_id"]: r for r in repair_jsonl(out_dir / "answers.jsonl")}
+        run = Run(cfg, load_task(cfg["task"]), out_dir, done)
+    except BaseException:
+        lock.release()
+        raise
+    weakref.finalize(run, lock.release)
+    return run
 
 
 def baseline_for(run: Run):

@@ -8,9 +8,12 @@ checks are likewise the ones their loaders run.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from specbench.decoding.forward_choice import planned_forward
 from specbench.environment import check_environment
-from specbench.errors import SettingsError
+from specbench.errors import InputError, SettingsError
 from specbench.hardware.cost import load_curve_file
 from specbench.hardware.host_memory import HOST_MEMORY
 from specbench.inputs.models import check_model_config, resolve_device, resolve_dtype, run_dtype
@@ -74,12 +77,38 @@ def validate(cfg: dict) -> None:
     dtype_name = run_dtype(cfg["dtype"], device, cfg["model"])
     check_cost_curve(cfg, forward_name(cfg, device))
     check_model_config(cfg["model"])
+    check_context_length(cfg["model"], cfg["max_new_tokens"])
     method.check_settings(method_params(cfg), {"model_name": cfg["model"]["name"], "device": cfg["device"],
                                                "dtype_name": dtype_name})
     for key in ("per_subtask", "limit"):
         if cfg["task"].get(key) is not None:
             _number(cfg["task"][key], f"task.{key}", integer=True)
     load_task(cfg["task"])  # the question file: there and well-formed (file and line named)
+
+
+def model_context_length(model_cfg: dict) -> int | None:
+    """The positions the model was trained for, known before loading: the model config's
+    `context_length` (the embedded GGUF models), else max_position_embeddings of a local directory's
+    config.json; None when neither says (the engine checks once the model has loaded)."""
+    if model_cfg.get("context_length"):
+        return int(model_cfg["context_length"])
+    path = model_cfg.get("path")
+    if not path or model_cfg.get("gguf") or not Path(str(path), "config.json").is_file():
+        return None
+    try:
+        conf = json.loads(Path(str(path), "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the loader says what is wrong with it
+    n = conf.get("max_position_embeddings") or (conf.get("text_config") or {}).get("max_position_embeddings")
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def check_context_length(model_cfg: dict, max_new_tokens: int) -> None:
+    """max_new_tokens must leave room in the model's context for the prompt."""
+    n = model_context_length(model_cfg)
+    if n is not None and max_new_tokens >= n:
+        raise InputError(f"max_new_tokens={max_new_tokens} is beyond the context of model {model_cfg['name']} "
+                         f"({n} positions, prompt included); set max_new_tokens below {n}")
 
 
 BATCH_SPECULATION = ("fixed", "goodput")

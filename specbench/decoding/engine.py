@@ -18,7 +18,9 @@ from transformers import DynamicCache
 from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
 from specbench.decoding.kv_cache import compact_kv_cache, with_cache
 from specbench.decoding.transfers import to_device
+from specbench.errors import InputError
 from specbench.hardware.timing import now
+from specbench.numerics import all_finite, non_finite_message, NonFiniteError
 from specbench.decoding.tree import DraftTree, tree_attention_mask
 from specbench.decoding.verify import TreeTensors, accepted_path
 
@@ -45,6 +47,16 @@ def greedy_targets(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tenso
     return logits.argmax(dim=-1)
 
 
+def check_context(context_length: int | None, max_new_tokens: int, model=None) -> None:
+    """InputError unless `max_new_tokens` (and at least one prompt token) fit the model's context."""
+    if context_length and max_new_tokens >= context_length:
+        from specbench.numerics import model_label
+
+        raise InputError(f"max_new_tokens={max_new_tokens} is beyond the context of model "
+                         f"{model_label(model) if model is not None else ''} ({context_length} positions, "
+                         f"prompt included); set max_new_tokens below {context_length}")
+
+
 class Engine:
     """Per step on an accelerator, the host sends the root token (as a kernel argument) and the
     drafter's tokens stay where the drafter made them; tree masks, position offsets and the
@@ -62,6 +74,8 @@ class Engine:
         # Models that mix sliding and full layers take one mask per layer type.
         self.sliding_window = window if window and "sliding_attention" in layer_types else None
         self.mask_dtype = model.dtype
+        # positions the model was trained for (None: unknown); a turn may not ask for more new tokens
+        self.context_length = getattr(cfg, "max_position_embeddings", None)
         # compiled: verification through a compiled forward on a static cache (specbench/decoding/compiled.py);
         # products: its matrix products (auto | packed | inductor, compiled.uses_packed_products)
         self.compiled = None
@@ -185,6 +199,7 @@ class Engine:
         select = sampler or greedy_targets
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        check_context(self.context_length, max_new_tokens, self.model)
         dev = self.device
         want_hidden = drafter.needs_hidden_states
         want_prompt = drafter.needs_prompt_logits
@@ -199,6 +214,8 @@ class Engine:
             logits_to_keep=1, output_hidden_states=want_hidden or want_prompt,
         )
         first = int(torch.as_tensor(select(out.logits[0, -1:], torch.full((1,), cur - 1)))[0])
+        if not all_finite(out.logits[0, -1]):  # once per turn: a model computing NaN/inf stops the run
+            raise NonFiniteError(non_finite_message(self.model, buf[:cur]))
         if want_prompt:  # the earlier rows' logits from their hidden states (post-norm), so the last
             # row, which chose the first token, stays exactly the one plain decoding computes
             head = self.model.get_output_embeddings()

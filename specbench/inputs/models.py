@@ -98,18 +98,51 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+# Architectures whose activations exceed float16's range (65,504): Gemma-3's residual stream reaches
+# ~1e5, so in float16 every logit is NaN (numerics.py). `auto` gives them bfloat16, their published dtype.
+OVERFLOWS_FLOAT16 = ("gemma3",)
+
+
+def overflows_float16(model_cfg: dict | None) -> bool:
+    """Whether the model is of an architecture that overflows float16, by its config's name, path or
+    GGUF file (a GGUF's own config cannot be read before loading) or, where readable, its architecture."""
+    cfg = model_cfg or {}
+    gguf = cfg.get("gguf") or {}
+    names = [cfg.get("name"), cfg.get("path"), gguf.get("file") if isinstance(gguf, dict) else None,
+             _published_architecture(cfg)]
+    plain = " ".join(re.sub(r"[-_. ]", "", str(n).lower()) for n in names if n)
+    return any(arch in plain for arch in OVERFLOWS_FLOAT16)
+
+
 def run_dtype(setting: str, device, model_cfg: dict | None) -> str:
     """The dtype a run uses, by name. `auto`: float32 on the CPU (the lossless reference, and what
     CPUs without half-precision units run fastest); on a GPU the dtype the model's weights were
     published in (Vicuna: float16; a 33B model in float32 fits no single GPU), float16 when its
-    config names none of ours or cannot be read before loading (GGUF files)."""
+    config names none of ours or cannot be read before loading (GGUF files); never float16 for an
+    architecture that overflows it (Gemma-3: bfloat16, its published dtype)."""
     if setting != "auto":
         resolve_dtype(setting)
         return setting
     if torch.device(device).type == "cpu":
         return "float32"
     own = _published_dtype(model_cfg or {})
-    return own if own in DTYPES else "float16"
+    chosen = own if own in DTYPES else "float16"
+    return "bfloat16" if chosen == "float16" and overflows_float16(model_cfg) else chosen
+
+
+def _published_architecture(model_cfg: dict) -> str | None:
+    """The model_type of a local model directory's config.json (read as JSON: no network, no import)."""
+    path = model_cfg.get("path")
+    if not path or model_cfg.get("gguf") or not Path(str(path), "config.json").is_file():
+        return None
+    import json
+
+    try:
+        conf = json.loads(Path(str(path), "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = conf.get("text_config") or {}
+    return " ".join(str(x) for x in (conf.get("model_type"), text.get("model_type"), *(conf.get("architectures") or [])))
 
 
 def _published_dtype(model_cfg: dict) -> str | None:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench.errors import MissingFileError, SettingsError
+from specbench.errors import InputError, MissingFileError, SettingsError
 
 SUBTASKS = ("mt", "translation", "summarization", "qa", "math_reasoning", "rag")
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -81,6 +81,7 @@ def load_jsonl_questions(path: str | Path) -> list[Question]:
     except UnicodeDecodeError as e:
         raise SettingsError(f"{path}: not UTF-8 text (byte {e.start}); each line must be one JSON object") from None
     questions = []
+    seen: dict = {}  # question id -> its line
     for lineno, d in json_objects(path, lines, SettingsError, "; each line must be one JSON object"):
         missing = [k for k in ("question_id", "turns") if k not in d]
         if missing:
@@ -91,7 +92,18 @@ def load_jsonl_questions(path: str | Path) -> list[Question]:
             turns = [turns]
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise SettingsError(f"{path}:{lineno}: 'turns' must be a non-empty list of strings")
-        questions.append(Question(d["question_id"], str(d.get("category", "default")), turns))
+        empty = [i + 1 for i, t in enumerate(turns) if not t.strip()]
+        if empty:
+            raise InputError(f"{path}:{lineno}: question {d['question_id']!r} has an empty turn "
+                             f"(turn {', '.join(map(str, empty))}); every turn must hold text")
+        qid = d["question_id"]
+        if not isinstance(qid, (str, int, float)) or isinstance(qid, bool):
+            raise InputError(f"{path}:{lineno}: question_id must be a string or a number, got {qid!r}")
+        if qid in seen:
+            raise InputError(f"{path}:{lineno}: duplicate question_id {qid!r} (first on line {seen[qid]}); "
+                             f"each question needs its own id (answers are paired with AR's by it)")
+        seen[qid] = lineno
+        questions.append(Question(qid, str(d.get("category", "default")), turns))
     if not questions:
         raise SettingsError(f"{path}: no questions in file")
     return questions
@@ -138,8 +150,8 @@ def load_task(cfg) -> list[Question]:
                                 f"have. Valid subtasks: {', '.join(present)}")
         questions = [q for q in questions if q.subtask in wanted]
     questions = select_per_subtask(questions, cfg["per_subtask"])
-    if (cfg["limit"] or 0) < 0:
-        raise SettingsError(f"task.limit must be a number of questions (null: all), got {cfg['limit']}")
+    if cfg["limit"] is not None and cfg["limit"] < 1:
+        raise SettingsError(f"task.limit must be at least 1 (a number of questions; null: all), got {cfg['limit']}")
     if cfg["limit"]:
         questions = questions[: cfg["limit"]]
     return questions
