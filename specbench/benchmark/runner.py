@@ -73,6 +73,31 @@ def results_dir_for(cfg: dict, method: str) -> Path:
             / f"{method}-t{cfg['temperature']:g}{filt}-m{cfg['max_new_tokens']}{rep}{variant}")
 
 
+_CODE_VERSION: str | None = None
+
+
+def code_version() -> str:
+    """A short hash of the specbench package's sources: answers resumed or reused come from the same
+    code. Chosen over the package version plus `git describe`: a version string does not change with an
+    edit, a describe needs git and a checkout (a pip install has neither) and says nothing of
+    uncommitted changes; hashing ~100 small files takes milliseconds, once per process."""
+    global _CODE_VERSION
+    if _CODE_VERSION is None:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+        _CODE_VERSION = h.hexdigest()[:12]
+    return _CODE_VERSION
+
+
+def file_sha256(path) -> str | None:
+    """The question file's contents' sha256 (None for a built-in task, or a file that is not there)."""
+    if not path or not Path(path).is_file():
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def identity(cfg: dict) -> dict:
     return {
         "model": cfg["model"]["name"], "model_path": cfg["model"].get("path"),
@@ -86,6 +111,11 @@ def identity(cfg: dict) -> dict:
         "seed": cfg["seed"],
         # answers from the compiled forward are kept apart from eager ones (older runs: eager, no key)
         **({"forward": cfg["forward"]} if cfg.get("forward", "eager") != "eager" else {}),
+        # the code, the questions' contents, whether answers were checked and the machine's thread count:
+        # a resume never mixes answers of another code, question file, check setting or thread count
+        "code_version": code_version(), "task_sha256": file_sha256(cfg["task"].get("path")),
+        "lossless_check": bool((cfg.get("lossless") or {}).get("check", True)),
+        "threads": torch.get_num_threads(),
     }
 
 
@@ -169,12 +199,23 @@ def _stored(record: dict) -> dict:
     return out
 
 
-def check_identity(path: Path, ident: dict, config_file: str = "run_config.json") -> None:
-    """Refuse a directory whose answers were made with other settings than `ident`."""
+# Keys an identity gained after results were committed: an old run_config.json lacks them.
+NEWER_IDENTITY_KEYS = ("code_version", "task_sha256", "lossless_check", "threads")
+
+
+def check_identity(path: Path, ident: dict, config_file: str = "run_config.json", *,
+                   missing_ok: bool = False) -> None:
+    """Refuse a directory whose answers were made with other settings than `ident`.
+
+    A key an old identity lacks (NEWER_IDENTITY_KEYS: results committed before they existed) is a
+    difference too, so a resume never mixes answers of unknown code, questions or threads with new
+    ones. `missing_ok`: such a key counts as 'unknown, accepted', for a caller that only reads finished
+    answers (baseline=reuse; the reports read committed results without any identity check)."""
     cfg_file = path / config_file
     if cfg_file.is_file():
         old = read_json(cfg_file)["identity"]  # corrupt: one line naming the file (results.read_json)
-        diff = {k: (old.get(k), v) for k, v in ident.items() if old.get(k) != v}
+        diff = {k: (old.get(k), v) for k, v in ident.items() if old.get(k) != v
+                and not (missing_ok and k in NEWER_IDENTITY_KEYS and k not in old)}
         if diff:
             raise SettingsError(
                 f"{path} holds answers made with other settings {diff}; give another results_dir=... "
@@ -183,7 +224,9 @@ def check_identity(path: Path, ident: dict, config_file: str = "run_config.json"
 
 
 def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dict],
-              curve: cost.CostCurve | None = None, lossless_method: bool = True) -> dict:
+              curve: cost.CostCurve | None = None, lossless_method: bool = True,
+              questions: int | None = None) -> dict:
+    """`questions`: how many the run asked (the lossless verdict's denominator; default: the records)."""
     ids = {r["question_id"] for r in records}
     bound = cost.run_bound(curve, records)
     base = [b for b in base if b["question_id"] in ids]
@@ -222,7 +265,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "speedup_bound": bound["bound"] if bound else None,
         "speedup_bound_detail": bound,
         "forward_vs_floor": roofline.forward_vs_floor(curve, bound and bound["mean_rows"]),  # t(w) / roofline
-        "lossless": lossless.tally(checks),
+        "lossless": lossless.tally(checks, len(records) if questions is None else questions),
         "lossless_details": [dict(r["lossless"], question_id=r["question_id"]) for r in records
                              if r.get("lossless", {}).get("status", "exact") not in ("exact", "unchecked")
                              or r.get("lossless", {}).get("tokens", {}).get("tokens_outside_band")],
@@ -300,6 +343,7 @@ class Run:
     drafter: object = None
     ar: object = None
     sampler: PositionSampler | None = None
+    band: dict | None = None  # the measured rounding band the lossless check uses (rounding_band.py)
 
     @property
     def method(self) -> str:
@@ -323,6 +367,7 @@ def run_benchmark(cfg: dict) -> dict:
     run = open_run_directory(cfg)
     baseline = baseline_for(run)
     load_target_and_drafters(run)
+    measure_rounding_band(run)  # before anything is timed (cached per model, device, dtype, forward)
     if run.todo and cfg["warmup"]:
         warm_up(cfg, run.engine, [run.ar] if run.method == "ar" else [run.ar, run.drafter], run.tok,
                 run.questions, cfg["model"]["chat_template"], cfg["max_new_tokens"], run.sampler)
@@ -379,7 +424,7 @@ def baseline_for(run: Run):
         return baselines.Baseline()
     if cfg["baseline"] == "reuse":
         ar_dir = results_dir_for(cfg, "ar")
-        check_identity(ar_dir, identity(cfg))
+        check_identity(ar_dir, identity(cfg), missing_ok=True)  # finished AR answers, only read
         return baselines.Reused(ar_dir, [q.question_id for q in run.questions])
     if cfg["baseline"] == "shared":
         return baselines.Shared(results_dir_for(cfg, "ar"), dict(identity(cfg), method="ar", method_params={}), cfg)
@@ -412,9 +457,34 @@ def load_target_and_drafters(run: Run) -> None:
     run.ar = build_drafter("ar")
 
 
+def measure_rounding_band(run: Run) -> None:
+    """The lossless check's rounding band on this model, device, dtype and forward: loaded from the
+    cache or measured (seconds), stored in run_config.json and the summary; none when nothing is checked."""
+    from specbench.benchmark.rounding_band import load_or_measure
+
+    cfg = run.cfg
+    if not cfg["lossless"]["check"]:
+        return
+    model_key = cfg["model"]["name"] + (f"-{hashlib.sha256(str(cfg['model']['path']).encode()).hexdigest()[:8]}"
+                                        if cfg["model"].get("path") else "")
+    run.band = load_or_measure(run.model, run.tok, model_key, cfg["device_name"], cfg["dtype"],
+                               engine=run.engine, template=cfg["model"]["chat_template"])
+    cfg["rounding_band"] = {k: run.band[k] for k in ("band_ulps", "band_logits", "measured_ulps", "measured_logits",
+                                                     "safety", "forward", "cached") if k in run.band}
+    write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
+
+
+def ar_goes_first(run: Run, q: Question) -> bool:
+    """AR and the method alternate which answers first, question by question (by the question's place
+    in the task, so a resumed run keeps the order): neither always runs right after the previous
+    question's check forwards, or always on a machine the other has just warmed."""
+    return [x.question_id for x in run.questions].index(q.question_id) % 2 == 0
+
+
 def answer_questions(run: Run, baseline) -> None:
-    """Each question not yet answered: AR's answer as the baseline gives it, the method's, the lossless
-    check against AR, the record appended at once (an interrupted run loses nothing)."""
+    """Each question not yet answered: AR's answer as the baseline gives it and the method's, in
+    alternating order, the lossless check against AR, the record appended at once (an interrupted run
+    loses nothing)."""
     from tqdm.auto import tqdm
 
     cfg = run.cfg
@@ -422,13 +492,18 @@ def answer_questions(run: Run, baseline) -> None:
     bar = tqdm(total=len(run.questions), initial=len(run.questions) - len(todo), desc=run.method,
                unit="q", disable=not cfg["progress"], dynamic_ncols=True)
     for q in todo:
-        base_rec = baseline.answer(q.question_id, lambda: run.answer(run.ar, q), _stored)
+        ar_first = ar_goes_first(run, q)
+        if ar_first:
+            base_rec = baseline.answer(q.question_id, lambda: run.answer(run.ar, q), _stored)
         rec = run.answer(run.drafter if run.method != "ar" else run.ar, q)
+        if not ar_first:
+            base_rec = baseline.answer(q.question_id, lambda: run.answer(run.ar, q), _stored)
+        rec["first"] = "ar" if ar_first or not baseline.active else "method"
         if baseline.active and cfg["lossless"]["check"]:
             if "prompt_ids" not in base_rec["turns"][0]:  # resumed or reused: rebuild the prompts
                 base_rec = _with_prompts(base_rec, q, run.tok, cfg["model"]["chat_template"])
             rec["lossless"] = lossless.compare_question(run.model, base_rec, rec, cfg["dtype"], run.sampler,
-                                                        q.question_id)
+                                                        q.question_id, run.band)
             if not run.drafter.lossless and rec["lossless"]["status"] != "exact":
                 # a lossy-by-design option (Medusa's typical acceptance): a difference is expected
                 rec["lossless"]["status"] = "lossy_difference"
@@ -436,7 +511,7 @@ def answer_questions(run: Run, baseline) -> None:
             rec["lossless"] = {"status": "exact"} if run.method == "ar" else {"status": "unchecked"}
         if cfg["lossless"]["check"]:  # every emitted token, whatever AR did (outside the timed turns)
             rec["lossless"]["tokens"] = lossless.check_tokens(run.model, rec, cfg["dtype"], run.sampler,
-                                                              q.question_id)
+                                                              q.question_id, run.band)
         append_jsonl(run.out_dir / "answers.jsonl", _stored(rec))
         run.done[q.question_id] = rec
         recs = list(run.done.values())
@@ -456,8 +531,14 @@ def finish(run: Run, baseline) -> dict:
         [baseline.answers[q.question_id] for q in run.questions] if baseline.active else [])
     checks = [r.get("lossless", {"status": "unchecked"}) for r in records]
     checks = [c for c in checks if c["status"] != "unchecked" or "tokens" in c]
-    summary = summarize(cfg, records, base, checks, run.curve, lossless_method=run.drafter.lossless)
+    summary = summarize(cfg, records, base, checks, run.curve, lossless_method=run.drafter.lossless,
+                        questions=len(run.questions))
     summary["results_dir"] = str(run.out_dir)
+    summary["rounding_band"] = run.band  # measured on this model, device, dtype and forward (None: unchecked)
+    # who answered first, per question (AR and the method alternate); resumed records made before the
+    # alternation have no 'first'
+    summary["order"] = {"mode": "alternating" if baseline.active else "single",
+                        "first": {str(r["question_id"]): r.get("first") for r in records}}
     if run.engine.compiled is not None:  # compiling happened before timing; a recompile while timed shows here
         summary["compile_seconds"] = round(run.engine.compiled.compile_seconds, 1)
         summary["recompiles_while_timed"] = run.engine.compiled.recompiles()
@@ -556,11 +637,25 @@ def _with_prompts(rec: dict, q: Question, tok, template: str) -> dict:
 
 
 def main_exit_code(summary: dict, cfg: dict) -> int:
-    lo = summary["lossless"]
-    failed = lo["mismatches"] or (summary.get("lossless_method", True) and lo.get("tokens_outside_band"))
-    if failed and cfg["lossless"]["fail_on_mismatch"]:
-        print(f"LOSSLESS CHECK FAILED: {lo['mismatches']} real mismatch(es) with AR, "
-              f"{lo.get('tokens_outside_band', 0)} token(s) outside the rounding band of the target's choice",
-              file=sys.stderr)
+    """1 when the lossless check failed: a real mismatch with AR, a token outside the band, too large a
+    share of numeric tokens (lossless.max_numeric_share), or fewer questions checked than asked."""
+    lo, lcfg = summary["lossless"], cfg["lossless"]
+    is_lossless = summary.get("lossless_method", True)
+    asked, checked = lo.get("questions", lo.get("checked", 0)), lo.get("checked", 0)
+    reasons = []
+    if lo["mismatches"]:
+        reasons.append(f"{lo['mismatches']} real mismatch(es) with AR")
+    if is_lossless and lo.get("tokens_outside_band"):
+        reasons.append(f"{lo['tokens_outside_band']} token(s) outside the rounding band of the target's choice")
+    limit = lcfg.get("max_numeric_share", 0.05)
+    if is_lossless and lossless.numeric_share_exceeded(lo, limit):
+        reasons.append(f"{lo['tokens_numeric']} of {lo['tokens_checked']} tokens numeric "
+                       f"({100 * lo['tokens_numeric'] / lo['tokens_checked']:.1f}%, more than lossless.max_numeric_share="
+                       f"{limit:g}): a verifier that prefers the runner-up near a tie")
+    if lcfg.get("check", True) and checked < asked:
+        reasons.append(f"only {checked} of {asked} questions checked (answers resumed from a run with "
+                       "lossless.check=false?)")
+    if reasons and lcfg.get("fail_on_mismatch", True):
+        print("LOSSLESS CHECK FAILED: " + "; ".join(reasons), file=sys.stderr)
         return 1
     return 0
