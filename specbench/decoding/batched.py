@@ -24,13 +24,12 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
-from specbench.decoding.engine import Engine, check_context, greedy_targets
+from specbench.decoding.engine import Engine, check_context, first_token, greedy_targets
 from specbench.decoding.kv_cache import with_cache
 from specbench.decoding.transfers import to_device
 from specbench.decoding.verify import accepted_path
 from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
 from specbench.hardware.timing import now
-from specbench.numerics import NonFiniteError, all_finite, non_finite_message
 
 
 @dataclass
@@ -188,9 +187,7 @@ class BatchedEngine:
         own = DynamicCache()
         out = self.model(input_ids=buf[:n][None].to(self.device), **with_cache(self.model, own), use_cache=True,
                          logits_to_keep=1, output_hidden_states=want_hidden or want_prompt)
-        first = int(torch.as_tensor(select(out.logits[0, -1:], torch.full((1,), n - 1)))[0])
-        if not all_finite(out.logits[0, -1]):  # once per request, as Engine.generate: NaN/inf stops the run
-            raise NonFiniteError(non_finite_message(self.model, buf[:n]))
+        first = first_token(select(out.logits[0, -1:], torch.full((1,), n - 1)), out.logits[0, -1], self.model, buf[:n])
         if want_prompt:  # as Engine.generate: the last row stays the one that chose the first token
             head = self.model.get_output_embeddings()
             drafter.observe_prompt(buf[:n], torch.cat([head(out.hidden_states[-1][0, :-1]), out.logits[0, -1:]]))

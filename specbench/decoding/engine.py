@@ -20,7 +20,7 @@ from specbench.decoding.kv_cache import compact_kv_cache, with_cache
 from specbench.decoding.transfers import to_device
 from specbench.errors import InputError
 from specbench.hardware.timing import now
-from specbench.numerics import all_finite, non_finite_message, NonFiniteError
+from specbench.numerics import NonFiniteError, non_finite_message
 from specbench.decoding.tree import DraftTree, tree_attention_mask
 from specbench.decoding.verify import TreeTensors, accepted_path
 
@@ -45,6 +45,18 @@ class TurnResult:
 def greedy_targets(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The target's choice at every row: the argmax (positions are unused in greedy decoding)."""
     return logits.argmax(dim=-1)
+
+
+def first_token(choice, last_logits: torch.Tensor, model, prompt) -> int:
+    """The prefill's chosen token, read to the host in one copy with whether the last row's logits are
+    all finite (no synchronisation more than the choice alone): NaN/inf stops the run in one line
+    naming the model, the dtype and the first layer that overflowed (numerics.py)."""
+    choice = torch.as_tensor(choice).reshape(-1)[:1].long()
+    finite = torch.isfinite(last_logits).all().to(device=choice.device, dtype=torch.long).reshape(1)
+    token, ok = torch.cat([choice, finite]).tolist()
+    if not ok:
+        raise NonFiniteError(non_finite_message(model, prompt))
+    return int(token)
 
 
 def check_context(context_length: int | None, max_new_tokens: int, model=None) -> None:
@@ -213,9 +225,8 @@ class Engine:
             input_ids=buf[:cur][None].to(dev), **with_cache(self.model, cache), use_cache=True,
             logits_to_keep=1, output_hidden_states=want_hidden or want_prompt,
         )
-        first = int(torch.as_tensor(select(out.logits[0, -1:], torch.full((1,), cur - 1)))[0])
-        if not all_finite(out.logits[0, -1]):  # once per turn: a model computing NaN/inf stops the run
-            raise NonFiniteError(non_finite_message(self.model, buf[:cur]))
+        first = first_token(select(out.logits[0, -1:], torch.full((1,), cur - 1)), out.logits[0, -1], self.model,
+                            buf[:cur])
         if want_prompt:  # the earlier rows' logits from their hidden states (post-norm), so the last
             # row, which chose the first token, stays exactly the one plain decoding computes
             head = self.model.get_output_embeddings()
