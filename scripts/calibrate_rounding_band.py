@@ -1,41 +1,33 @@
-"""How far a teacher-forced forward's logits lie from step-by-step decoding's, in units of the dtype's
-spacing at each row's largest |logit|: the measurement behind the lossless check's rounding band
-(specbench/benchmark/lossless.py, BAND_ULPS; docs/protocol.md, "Lossless check").
+"""The lossless check's rounding band on this machine: the spread of near-top margins between a tree
+forward, AR's one-row steps and the teacher-forced forward, per dtype (specbench/benchmark/rounding_band.py;
+docs/protocol.md, "Lossless check"). Prints the figures; a run measures (or loads) the same before timing.
 
-    python scripts/calibrate_rounding_band.py
+    python scripts/calibrate_rounding_band.py [--model smollm2-135m] [--device cpu] [--dtypes bfloat16,float16,float32]
 """
+import argparse
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specbench.inputs.models import load_model, named_model_config
-from specbench.inputs.chat import prompt_ids
-from specbench.decoding.kv_cache import with_cache
-from specbench.benchmark.lossless import ulp  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
+from specbench.benchmark.lossless import BAND_ULPS  # noqa: E402
+from specbench.benchmark.rounding_band import measure_band  # noqa: E402
+from specbench.inputs.models import load_model, named_model_config, resolve_device  # noqa: E402
 
-torch.set_num_threads(1)
-for dt in (torch.bfloat16, torch.float16, torch.float32):
-    model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), dt)
-    worst = []
-    for q in ["Write a short story about a robot learning to paint.", "Summarize: The quick brown fox jumps over the lazy dog. It was a sunny day and the fox was happy.", "What is 17 * 23? Explain step by step."]:
-        ids = prompt_ids(tok, [{"role": "user", "content": q}])
-        cache = DynamicCache()
-        with torch.inference_mode():
-            out = model(input_ids=torch.tensor([ids]), **with_cache(model, cache), use_cache=True, logits_to_keep=1)
-            rows = [out.logits[0, -1].float()]
-            seq = list(ids)
-            for _ in range(48):
-                t = int(rows[-1].argmax()); seq.append(t)
-                out = model(input_ids=torch.tensor([[t]]), **with_cache(model, cache), use_cache=True)
-                rows.append(out.logits[0, -1].float())
-            tf = model(input_ids=torch.tensor([seq])).logits[0, len(ids)-1:].float()
-        inc = torch.stack(rows)[: tf.shape[0]]
-        for i in range(tf.shape[0]):
-            scale = float(inc[i].abs().max())
-            d = float((tf[i] - inc[i]).abs().max()) / ulp(scale, str(dt).removeprefix("torch."))
-            worst.append(d)
-    worst.sort()
-    print(dt, "max |tf-inc| in ulps of max|z|: median %.2f p99 %.2f max %.2f" % (worst[len(worst)//2], worst[int(len(worst)*0.99)], worst[-1]), flush=True)
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("--model", default="smollm2-135m")
+ap.add_argument("--device", default="cpu")
+ap.add_argument("--dtypes", default="bfloat16,float16,float32")
+ap.add_argument("--new-tokens", type=int, default=24)
+args = ap.parse_args()
+
+device = resolve_device(args.device)
+for name in args.dtypes.split(","):
+    model, tok = load_model(named_model_config(args.model), device, getattr(torch, name))
+    b = measure_band(model, tok, name, new_tokens=args.new_tokens)
+    by = ", ".join(f"{k} {v['logits']:.3g} ({v['ulps']:.2f} ulps)" for k, v in b["measured_by_forward"].items())
+    print(f"{name} on {b['device']}: largest margin spread {b['measured_logits']:.3g} logits = "
+          f"{b['measured_ulps']:.2f} ulps ({by}; rows {b['rows_compared']}); band x{b['safety']:g} = "
+          f"{b['band_ulps']:.2f} ulps (assumed before: {BAND_ULPS[name]}); largest |d logit| over the "
+          f"vocabulary {b['max_abs_dlogit']:.3g}; {b['seconds']:.1f} s", flush=True)

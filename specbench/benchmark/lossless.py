@@ -187,7 +187,8 @@ def tally(checks: list[dict], questions: int | None = None) -> dict:
     whole-output counts summed over every checked question. `questions`: how many the run asked (the
     verdict's denominator; fewer checked than asked is a failure of its own); default: those checked."""
     out = {
-        "questions": len(checks) if questions is None else questions,
+        # only when given: readers of committed results (report/collect.py) keep their columns
+        **({"questions": questions} if questions is not None else {}),
         "checked": len(checks),
         "exact": sum(c["status"] == "exact" for c in checks),
         "numeric_ties": sum(c["status"] == "numeric_tie" for c in checks),
@@ -197,7 +198,6 @@ def tally(checks: list[dict], questions: int | None = None) -> dict:
     for key in ("tokens_checked", "tokens_equal", "tokens_numeric", "tokens_outside_band"):
         out[key] = sum(c.get("tokens", {}).get(key, 0) for c in checks)
     out["questions_outside_band"] = sum(bool(c.get("tokens", {}).get("tokens_outside_band")) for c in checks)
-    out["numeric_share"] = out["tokens_numeric"] / out["tokens_checked"] if out["tokens_checked"] else 0.0
     return out
 
 
