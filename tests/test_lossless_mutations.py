@@ -203,3 +203,52 @@ def test_a_missing_turn_is_a_mismatch_not_exact():
     v = lossless.compare_question(None, two, one, "float32")
     assert v["status"] == "mismatch" and v["reason"] == "turns_differ" and (v["ar_turns"], v["method_turns"]) == (2, 1)
     assert lossless.compare_question(None, one, one, "float32")["status"] == "exact"
+
+
+# -- run integrity: identity and order -------------------------------------------------------------------
+
+def test_the_identity_names_code_questions_check_and_threads(tmp_path):
+    import json
+
+    from specbench.benchmark import runner
+    from tests.test_config import cfg
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question_id": 1, "category": "qa", "turns": ["Hi?"]}\n')
+    c = cfg("task=spec_bench", f"task.path={questions}")
+    ident = runner.identity(c)
+    assert len(ident["code_version"]) == 12 and ident["threads"] == torch.get_num_threads()
+    assert ident["lossless_check"] is True and len(ident["task_sha256"]) == 64
+    assert runner.identity(cfg())["task_sha256"] is None  # a built-in task
+    questions.write_text('{"question_id": 1, "category": "qa", "turns": ["Hello?"]}\n')
+    assert runner.identity(c)["task_sha256"] != ident["task_sha256"]  # same path, other questions
+    # an identity committed before these keys: a resume refuses it, a reader of finished answers accepts
+    old = {k: v for k, v in ident.items() if k not in runner.NEWER_IDENTITY_KEYS}
+    (tmp_path / "run_config.json").write_text(json.dumps({"identity": old}))
+    with pytest.raises(runner.SettingsError, match="code_version"):
+        runner.check_identity(tmp_path, ident)
+    runner.check_identity(tmp_path, ident, missing_ok=True)
+    with pytest.raises(runner.SettingsError, match="dtype"):  # a key that differs still refuses
+        runner.check_identity(tmp_path, dict(ident, dtype="float16"), missing_ok=True)
+
+
+def test_ar_and_the_method_alternate_who_goes_first(tmp_path):
+    from specbench.benchmark import baselines, runner
+    order = []
+
+    class FakeRun(runner.Run):
+        def answer(self, drafter, q):
+            order.append((q.question_id, drafter))
+            return {"question_id": q.question_id, "subtask": q.subtask, "category": q.category,
+                    "turns": [{"token_ids": [1], "new_tokens": 1, "wall_time": 1.0, "prefill_time": 0.1,
+                               "accept_lengths": [1]}]}
+
+    from specbench.inputs.tasks import load_task
+    questions = load_task({"name": "mini", "kind": "mini", "limit": 4})
+    run = FakeRun({"method": {"name": "tr"}, "progress": False, "lossless": {"check": False}},
+                  questions, tmp_path, {})
+    run.drafter, run.ar = "tr", "ar"
+    runner.answer_questions(run, baselines.Interleaved(tmp_path / "baseline_answers.jsonl"))
+    firsts = [order[2 * i][1] for i in range(len(questions))]
+    assert firsts == ["ar", "tr", "ar", "tr"][:len(questions)]
+    assert [run.done[q.question_id]["first"] for q in questions] == ["ar", "method", "ar", "method"][:len(questions)]
