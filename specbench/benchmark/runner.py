@@ -547,6 +547,12 @@ def finish(run: Run, baseline) -> dict:
         summary["baseline_dir"] = str(baseline.directory)
     write_json_atomic(run.out_dir / "summary.json", summary)
     print(format_table(summary))
+    if run.band:
+        b = run.band
+        print(f"rounding band: {b['band_ulps']:.3g} ulps of each row's largest logit (measured {b['measured_ulps']:.3g} "
+              f"x {b['safety']:g} on this {b.get('forward', 'eager')} forward{', cached' if b.get('cached') else ''}; "
+              f"{b['band_logits']:.3g} logits where measured); numeric tokens "
+              f"{summary['lossless'].get('tokens_numeric', 0)}/{summary['lossless'].get('tokens_checked', 0)}")
     nan = float("nan")
     for d in summary["lossless_details"]:
         if d["status"] not in ("exact", "unchecked"):
