@@ -1,6 +1,6 @@
 """Suffix Decoding: the implicit suffix tree against an explicit one and against arctic-inference (where
-installed), the drafter's protocol (a turn's answer reaches the global tree only once answered, reset
-forgets it), its settings refused before anything loads, and drafts accepted on repeated text."""
+installed), the drafter's protocol (a turn's output joins the global tree as it is generated, as in
+arctic-inference and vLLM, or with running_in_global=false only once answered; reset forgets it), its settings refused before anything loads, and drafts accepted on repeated text."""
 
 from __future__ import annotations
 
@@ -197,11 +197,47 @@ def test_an_answer_reaches_the_global_tree_once_answered_and_reset_forgets_it(ba
     assert next_draft(d, [4, 5, 60, 61], 62) is None
 
 
-def test_a_turn_s_own_answer_is_not_in_the_global_tree_while_it_runs():
-    d = build_drafter("suffix", vocab_size=100, backend="python")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_running_answer_enters_the_global_tree_as_it_is_generated(backend):
+    """As arctic-inference and vLLM do: the running turn's output counts in the global tree at once."""
+    d = build_drafter("suffix", vocab_size=100, backend=backend)
     d.start_question()
     answer_turn(d, [1, 2, 3], [60, 61, 62, 63, 60, 61])
-    assert not d._trees.answers  # drafts so far came from the turn's own tree
+    if backend == "python":
+        assert d._trees.global_text.tolist() == [60, 61, 62, 63, 60, 61, -1]
+    # the prompt's "7 8 60 ..." continues differently in the turn's own tree (5 after 60 there)
+    # than in the global tree, which holds the answer only (61 after 60, twice of twice)
+    d.start_question()
+    assert next_draft(d, [60, 5, 9, 9, 60], 61) == [62, 63]
+    assert d.take_statistics()["drafts_from_global"] >= 1
+
+
+def test_running_answer_changes_the_global_tree_s_counts_and_probabilities():
+    """The global tree's counts include the running answer's occurrences: with earlier answers
+    "5 6 7" and "5 6 8", "5 6" continues with 7 at 1/2; once the running answer says "5 6 7" too,
+    2/3. Without running_in_global (the earlier protocol) it stays 1/2 until the turn is answered."""
+    for running, want in ((True, [2 / 3]), (False, [1 / 2])):
+        trees = SuffixTrees(max_depth=24, max_cached=10, max_tokens=24, factor=1.0, offset=0.0, min_prob=0.1,
+                            use_tree=False, running_in_global=running)
+        for answer in ([5, 6, 7], [5, 6, 8]):
+            trees.start_turn([0])
+            trees.end_turn(answer)
+        trees.start_turn([1])
+        trees.extend([5, 6, 7, 9])
+        spec = speculate(trees.global_text, np.array([3, 5, 6]), **trees.args)
+        assert spec.tokens[:1] == [7] and spec.probs[:1] == pytest.approx(want)
+        trees.end_turn([5, 6, 7, 9])
+        assert [a.tolist() for a in trees.answers] == [[5, 6, 7], [5, 6, 8], [5, 6, 7, 9]]
+        trees.start_turn([2])
+        spec, source = trees.speculate(np.array([3, 5, 6]))
+        assert source == "global" and spec.probs[:1] == pytest.approx([2 / 3])
+
+
+def test_the_earlier_protocol_keeps_the_running_answer_out_until_answered():
+    d = build_drafter("suffix", vocab_size=100, backend="python", running_in_global=False)
+    d.start_question()
+    answer_turn(d, [1, 2, 3], [60, 61, 62, 63, 60, 61])
+    assert not d._trees.answers and d._trees.global_text.tolist() == [-1]
     assert d.take_statistics()["drafts_from_global"] == 0
     next_draft(d, [1, 2, 3, 60, 61, 62, 63, 60, 61, 7], 8)  # turn 2 of the question starts
     assert [a.tolist() for a in d._trees.answers] == [[60, 61, 62, 63, 60, 61]]
@@ -217,6 +253,14 @@ def test_max_cached_requests_evicts_the_oldest_answer_and_counts_the_running_tur
     assert [a.tolist() for a in trees.answers] == [[30, 31, 32]]
     assert trees.speculate(np.array([5, 30, 31]))[0].tokens == [32]
     assert trees.speculate(np.array([5, 20, 21]))[0].tokens == []
+    assert trees.global_text.tolist() == [30, 31, 32, -1]
+    trees.extend([40, 41])  # the running answer, after the kept one
+    assert trees.global_text.tolist() == [30, 31, 32, -1, 40, 41, -1]
+    for _ in range(40):  # evictions move the buffer's start; compaction keeps the text whole
+        trees.end_turn([40, 41])
+        trees.start_turn([0])
+        trees.extend([42])
+        assert trees.global_text.tolist() == [40, 41, -1, 42, -1]
 
 
 # -- settings --------------------------------------------------------------------------------------

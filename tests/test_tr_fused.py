@@ -1,5 +1,7 @@
-"""tr_fused: merging a retrieval chain into TR's template, the chain statistics, the sources of
-accepted tokens, and exact tokens on a tiny random model (real text: test_lossless_methods)."""
+"""tr_fused: merging a retrieval chain or tree into TR's template, the chain statistics, the suffix
+source's drafts and frequency estimates, the sources of accepted tokens, exact tokens on a tiny random
+model and, for each retrieval source, on a short real generation (all settings at defaults:
+test_lossless_methods)."""
 
 import pytest
 import torch
@@ -8,8 +10,10 @@ from specbench.decoding.engine import Engine
 from specbench.drafter import DecodeState
 from specbench.hardware.cost import CostCurve
 from specbench.methods.ar import Autoregressive
-from specbench.methods.tr_fused import FusedTokenRecycling, merge_chain
+from specbench.methods.tr_fused import FusedTokenRecycling, merge_chain, merge_tree
+from specbench.registry import build_drafter
 
+TARGET = {"model_name": "smollm2-135m", "device": "cpu", "dtype_name": "float32"}
 FLAT = CostCurve(widths=[1, 100], times=[1.0, 1.3], device="cpu", dtype="float32")
 
 
@@ -24,7 +28,7 @@ def test_merge_chain_shares_the_longest_template_prefix():
 
 def test_chain_hangs_below_the_shared_nodes_in_the_draft():
     d = FusedTokenRecycling(vocab_size=20, k=2, tree=[[2], [1, 0]], cost_curve=FLAT, confidence=False,
-                            num_pred_tokens=2)
+                            num_pred_tokens=2, retrieval="pld")
     d.matrix[4] = torch.tensor([6, 7], dtype=torch.int32)  # root 4 -> 6, 7; 6 -> (row empty) 0
     # context ... 4 6 3 ... 4: PLD continues the last "4" with "6 3"
     seq = torch.tensor([1, 4, 6, 3, 2, 4])
@@ -46,8 +50,12 @@ def test_chain_rates_learn_from_what_followed():
     assert d.chain_rates.trials[d._chain_cell(2, 3)] == 0
 
 
-@pytest.mark.parametrize("settings", [{}, {"matrix": False}, {"retrieval": False}, {"max_nodes": 2}],
-                         ids=["both", "retrieval_only", "matrix_only", "budget_2"])
+@pytest.mark.parametrize("settings", [{}, {"matrix": False}, {"retrieval": False}, {"max_nodes": 2},
+                                      {"retrieval": "suffix"}, {"retrieval": "suffix", "matrix": False},
+                                      {"retrieval": "suffix", "suffix_tree": False},
+                                      {"retrieval": "suffix", "suffix_global": True}],
+                         ids=["both", "retrieval_only", "matrix_only", "budget_2", "suffix", "suffix_only",
+                              "suffix_path", "suffix_global"])
 def test_exact_tokens_and_sources_on_a_tiny_model(tiny_llama, settings):
     engine = Engine(tiny_llama, eos_token_ids=[])
     prompt = [5, 17, 3, 17, 42, 8, 5, 17, 3, 9, 11, 5, 17]
@@ -63,14 +71,109 @@ def test_exact_tokens_and_sources_on_a_tiny_model(tiny_llama, settings):
     if settings.get("matrix") is False:
         assert s["accepted_from_matrix"] == 0 and s["accepted_from_both"] == 0
     if settings.get("retrieval") is False:
-        assert s["retrieval_steps"] == 0 and s["accepted_from_retrieval"] == 0
+        assert s["retrieval_steps"] == 0 and s["accepted_from_retrieval"] == 0 and s["retrieval_source"] == "none"
+    else:
+        assert s["retrieval_source"] == settings.get("retrieval", "pld") and s["retrieval_steps"] > 0
     assert max(out.step_rows) <= 1 + settings.get("max_nodes", 80)
 
 
 def test_impossible_settings():
     with pytest.raises(ValueError, match="needs a source"):
         FusedTokenRecycling(vocab_size=20, cost_curve=FLAT, matrix=False, retrieval=False)
+    with pytest.raises(ValueError, match="needs a source"):
+        FusedTokenRecycling(vocab_size=20, cost_curve=FLAT, matrix=False, retrieval="none")
+    with pytest.raises(ValueError, match="method.retrieval must be one of suffix, pld, none, got 'ngram'"):
+        FusedTokenRecycling.check_settings({"retrieval": "ngram"}, TARGET)
+    with pytest.raises(ValueError, match="suffix_depth must be at least 2"):
+        FusedTokenRecycling.check_settings({"suffix_depth": 1}, TARGET)
+    with pytest.raises(ValueError, match="suffix_min_prob in"):
+        FusedTokenRecycling.check_settings({"suffix_min_prob": 2.0}, TARGET)
     with pytest.raises(ValueError, match="max_nodes must be at least 1"):
         FusedTokenRecycling(vocab_size=20, cost_curve=FLAT, max_nodes=0)
     with pytest.raises(ValueError, match="num_pred_tokens >= 1"):
         FusedTokenRecycling(vocab_size=20, cost_curve=FLAT, num_pred_tokens=0)
+
+
+# -- the suffix source ------------------------------------------------------------------------------
+
+def test_merge_tree_shares_template_paths_and_hangs_the_rest_below():
+    # template: root -> 1 (tok 7), 2 (tok 8); 1 -> 3 (tok 9)
+    children, tokens = [[1, 2], [3], [], []], [0, 7, 8, 9]
+    # retrieved: 7 -> (9 -> 4), (5); 6 -> 7
+    got = merge_tree(children, tokens, [7, 9, 5, 4, 6, 7], [-1, 0, 0, 1, -1, 4])
+    assert got == [1, 3, None, None, None, None]
+    # a chain is a tree: merge_chain's answer
+    assert merge_tree(children, tokens, [7, 9, 4], [-1, 0, 1]) == [1, 3, None]
+
+
+def drafted_paths(draft):
+    return {tuple(draft.tokens[v - 1].item() for v in draft.tree.path_to(i + 1)): draft.node_probs[i]
+            for i in range(len(draft.tree))}
+
+
+def test_suffix_source_drafts_the_repeated_continuation_with_frequency_estimates():
+    """A repetitive prompt: "1 2 3" occurs 4 times, the last at the end (continuing nowhere), followed
+    by "4 5 0" twice and "4 6 0" once; the suffix tree drafts the repeated continuation, each node's
+    estimate its frequency along the path (4: 3/4, 4 5: 2/4, 4 5 0: 2/4), not a learnt rate."""
+    d = FusedTokenRecycling(vocab_size=20, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
+                            retrieval="suffix", suffix_min_prob=0.0, suffix_factor=2.0, suffix_tokens=3)
+    seq = torch.tensor([1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3])
+    draft = d.propose(DecodeState(tokens=seq, prompt_len=len(seq) - 1, step=0))
+    paths = drafted_paths(draft)
+    assert paths == pytest.approx({(4,): 3 / 4, (4, 5): 2 / 4, (4, 5, 0): 2 / 4})
+    assert d.take_statistics()["retrieval_steps"] == 1
+
+
+def test_suffix_source_follows_the_output_and_starts_afresh_each_turn():
+    d = FusedTokenRecycling(vocab_size=50, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
+                            retrieval="suffix")
+    prompt = [9, 8]
+    out = [30, 31, 32, 33, 30, 31]  # the output repeats itself: drafted from the running turn
+    draft = d.propose(DecodeState(tokens=torch.tensor(prompt + out), prompt_len=2, step=3))
+    assert draft is not None and [t.item() for t in draft.tokens][:2] == [32, 33]
+    assert d._suffix.turn_tokens.tolist() == prompt + out
+    # a new turn: its own prompt, nothing of the last turn's unless the prompt holds it
+    d.propose(DecodeState(tokens=torch.tensor([5, 6, 7]), prompt_len=2, step=0))
+    assert d._suffix.turn_tokens.tolist() == [5, 6, 7]
+
+
+def test_suffix_global_drafts_an_earlier_answer_in_a_new_question():
+    d = FusedTokenRecycling(vocab_size=50, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
+                            retrieval="suffix", suffix_global=True)
+    d.propose(DecodeState(tokens=torch.tensor([1, 2, 40, 41, 42, 43, 44]), prompt_len=2, step=0))
+    d.start_question()
+    draft = d.propose(DecodeState(tokens=torch.tensor([3, 4, 40, 41, 42]), prompt_len=4, step=0))
+    assert draft is not None and [t.item() for t in draft.tokens][:2] == [43, 44]
+    assert d.take_statistics()["retrieval_from_global"] >= 1
+    plain = FusedTokenRecycling(vocab_size=50, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
+                                retrieval="suffix")
+    plain.propose(DecodeState(tokens=torch.tensor([1, 2, 40, 41, 42, 43, 44]), prompt_len=2, step=0))
+    assert plain.propose(DecodeState(tokens=torch.tensor([3, 4, 40, 41, 42]), prompt_len=4, step=0)) is None
+
+
+@pytest.mark.parametrize("retrieval", ["suffix", "pld", "none"])
+def test_each_retrieval_source_is_lossless_and_counts_its_accepted_tokens(retrieval, real_model, ar_tokens):
+    """A short real generation on a prompt that repeats a passage: AR's tokens, and the per-source
+    counts add up to the accepted tokens (the token budget may cut the last step's short)."""
+    from specbench.inputs.chat import prompt_ids
+
+    model, tok, eos = real_model
+    text = "alpha, bravo, charlie, delta, echo, foxtrot, golf, hotel, india, juliett, kilo, lima."
+    ids = prompt_ids(tok, [{"role": "user", "content": f"Repeat this list exactly, twice: {text}"}])
+    d = build_drafter("tr_fused", vocab_size=model.get_output_embeddings().weight.shape[0], device="cpu",
+                      model=model, model_name="smollm2-135m", dtype_name="float32", retrieval=retrieval,
+                      hardware_curve=CostCurve(widths=[1, 128], times=[0.05, 0.05]))
+    n = 32
+    out = Engine(model, eos).generate(ids, d, n)
+    assert out.tokens == ar_tokens(ids, n)
+    s = d.take_statistics()
+    accepted = sum(out.accept_lengths) - len(out.accept_lengths)
+    counted = s["accepted_from_matrix"] + s["accepted_from_retrieval"] + s["accepted_from_both"]
+    assert accepted <= counted <= accepted + max(out.step_rows)
+    assert s["retrieval_source"] == retrieval
+    if retrieval == "none":
+        assert s["retrieval_steps"] == 0 and s["accepted_from_retrieval"] + s["accepted_from_both"] == 0
+    else:
+        assert s["retrieval_steps"] > 0
+    if retrieval == "suffix":  # the passage is copied: the suffix tree's nodes are accepted
+        assert s["accepted_from_retrieval"] + s["accepted_from_both"] > 0

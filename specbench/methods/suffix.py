@@ -1,8 +1,8 @@
 """Suffix Decoding (Oliaro et al., arXiv 2411.04975) as vLLM ships it (`method: suffix`).
 
 Model-free drafting from two suffix trees: one over the current turn's prompt and output so far,
-one (global) over the answers of earlier turns, kept across questions (hot, like TR's matrix) up to
-`max_cached_requests` answers, oldest evicted first. Each step drafts the best-scoring continuation
+one (global) over the answers of turns, the running one included as it is generated, kept across
+questions (hot, like TR's matrix) up to `max_cached_requests` answers, oldest evicted first. Each step drafts the best-scoring continuation
 of the context's tail from either tree (specbench/methods/suffix_tree.py says how), a single path
 by default (vLLM's), or a tree with `use_tree=true`. Defaults are vLLM's.
 
@@ -10,10 +10,11 @@ The trees are Snowflake's arctic-inference (`pip install -e ".[suffix]"`, the pa
 where it is installed, else ours in pure Python with the same settings and the same drafts (ties
 between equally frequent continuations aside); `backend=` picks one, and the run says which.
 
-Protocol: a turn's answer enters the global tree only once the turn is answered (when the next turn
-or question starts), never while it is being decoded; the turn's own tree covers it meanwhile. In
-vLLM a request's output joins the global tree as it is generated, which only duplicates what its
-own tree holds. `reset()` forgets both trees, so nothing from the warm-up reaches a measured question.
+Protocol (arctic-inference's, hence vLLM's): a turn's output joins the global tree as it is
+generated, so its occurrences count there as well as in the turn's own tree: they change the global
+tree's counts, probabilities and scores, hence which draft wins. `running_in_global=false` keeps
+this harness's earlier protocol for comparison (a turn's answer enters the global tree only once the
+turn is answered). `reset()` forgets both trees, so nothing from the warm-up reaches a measured question.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class SuffixSettings:
     max_cached_requests: int = 10000  # answered turns kept in the global tree, oldest evicted first; 0: no global tree
     use_tree: bool = False  # true: a tree of the likeliest continuations; false: one path (vLLM)
     backend: str = "auto"  # arctic: arctic-inference's trees; python: ours; auto: arctic where it is installed
+    # true (arctic-inference, vLLM): the running turn's output joins the global tree as it is
+    # generated; false: only once the turn is answered (this harness before issue 47, for comparison)
+    running_in_global: bool = True
 
 
 def arctic_problem() -> str | None:
@@ -91,16 +95,20 @@ def check(s: SuffixSettings) -> None:
 class ArcticTrees:
     """SuffixTrees' four calls on arctic-inference's SuffixDecodingCache, through its public API.
 
-    Its cache adds a request's output to the global tree as it arrives; to keep a turn's answer out
-    until it is answered, two caches: one with the global tree off for the turn's own prompt and
-    output, one whose global tree holds answered turns. There each turn starts as a request with an
-    empty prompt (reserving its slot, as in vLLM) and receives its answer when it ends."""
+    `running_in_global` (vLLM's use): `full` is the cache vLLM keeps, each turn a request whose
+    prompt is the turn's prompt and whose output is added as generated (to its own tree and to the
+    global tree); its draft is the one returned. To say which tree won, `own` holds the same prompt
+    and output with the global tree off: the global tree won when `full` scores above `own` (the
+    request's own tree wins ties in the cache). Otherwise (the earlier protocol) `past` holds only
+    answered turns: each turn starts there as a request with an empty prompt (reserving its slot, as
+    in vLLM) and receives its answer when it ends."""
 
     def __init__(self, max_depth: int, max_cached: int, max_tokens: int, factor: float, offset: float,
-                 min_prob: float, use_tree: bool):
+                 min_prob: float, use_tree: bool, running_in_global: bool = True):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
         self.max_depth = max_depth
+        self.running = bool(running_in_global)
         self.own = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=0)
         self.past = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=max_cached) if max_cached else None
         self.args = dict(max_spec_tokens=max_tokens, max_spec_factor=factor, max_spec_offset=offset,
@@ -111,15 +119,18 @@ class ArcticTrees:
         self.turn += 1
         self.own.start_request(self.turn, _int32(prompt))
         if self.past is not None:
-            self.past.start_request(self.turn, _int32([]))
+            self.past.start_request(self.turn, _int32(prompt if self.running else []))
 
     def extend(self, tokens) -> None:
         self.own.add_active_response(self.turn, _int32(tokens))
+        if self.past is not None and self.running:
+            self.past.add_active_response(self.turn, _int32(tokens))
 
     def end_turn(self, response) -> None:
         self.own.stop_request(self.turn)
         if self.past is not None:
-            self.past.add_active_response(self.turn, _int32(response))
+            if not self.running:
+                self.past.add_active_response(self.turn, _int32(response))
             self.past.stop_request(self.turn)
 
     def speculate(self, context) -> tuple[Speculation, str]:
@@ -180,13 +191,13 @@ class SuffixDecoding(Drafter):
         kind = ArcticTrees if self.backend == "arctic" else SuffixTrees
         # a draft is bounded by the tree depth only, as vLLM's num_speculative_tokens defaults to it
         return kind(s.max_tree_depth, s.max_cached_requests, s.max_tree_depth, s.max_spec_factor,
-                    s.max_spec_offset, s.min_token_prob, s.use_tree)
+                    s.max_spec_offset, s.min_token_prob, s.use_tree, s.running_in_global)
 
     def start_question(self) -> None:
         self._end_turn()
 
     def _end_turn(self) -> None:
-        """The open turn is answered: its output may now serve later turns from the global tree."""
+        """The open turn is answered: its output stays in the global tree (running_in_global) or enters it now."""
         if self._response is not None:
             self._trees.end_turn(self._response)
             self._response = None

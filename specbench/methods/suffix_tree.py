@@ -20,7 +20,8 @@ of equal count (here the continuation seen first wins, there its sibling-list or
 where a probability lands exactly on min_prob (float64 here, float32 there).
 
 `SuffixTrees` holds the two trees of the method: the current request's prompt and output, and the
-answered turns of earlier requests (the global tree, first in first out).
+answers of requests (the global tree, first in first out), the running one included as it is
+generated, as arctic-inference keeps it (`running_in_global=False`: answered turns only).
 """
 
 from __future__ import annotations
@@ -188,54 +189,106 @@ def speculate(text: np.ndarray, context: np.ndarray, *, max_depth: int, max_toke
 
 
 class SuffixTrees:
-    """The current turn's tree (its prompt and output so far) and the global tree of answered turns.
+    """The current turn's tree (its prompt and output so far) and the global tree of answers.
 
-    A turn reserves its place in the global tree when it starts, as a vLLM request does, so the
-    global tree holds at most `max_cached - 1` earlier answers while a turn runs; the turn's own
-    answer enters it only when `end_turn` is called, after the turn is answered."""
+    As in arctic-inference's SuffixDecodingCache (what vLLM's `method: suffix` calls), a turn
+    reserves its place in the global tree when it starts, so the global tree holds at most
+    `max_cached - 1` earlier answers while a turn runs, and (`running_in_global`, the default) the
+    turn's output joins the global tree as it is generated: its occurrences count there too,
+    changing the global tree's counts, probabilities and scores. With `running_in_global=False`
+    (this harness before issue 47, kept for comparison) an answer enters the global tree only when
+    `end_turn` is called, after the turn is answered.
+
+    The global text is one buffer: answers end to end, each followed by SEP, the running answer
+    last; evicting the oldest answer moves the buffer's start, appending writes in place."""
 
     def __init__(self, max_depth: int, max_cached: int, max_tokens: int, factor: float, offset: float,
-                 min_prob: float, use_tree: bool):
+                 min_prob: float, use_tree: bool, running_in_global: bool = True):
         self.max_cached = max_cached
+        self.running_in_global = bool(running_in_global) and max_cached > 0
         self.args = dict(max_depth=max_depth, max_tokens=max_tokens, factor=factor, offset=offset,
                          min_prob=min_prob, use_tree=use_tree)
-        self.answers: deque = deque()  # answered turns, oldest first
-        self._global_text = text_of([])
+        self.answers: deque = deque()  # answered turns, oldest first (arrays)
+        # the global text: buffer[start:end] then SEP (the buffer is SEP beyond `end`)
+        self._global = np.full(1, SEP, dtype=np.int64)
+        self._global_start = self._global_end = 0
         # the turn's prompt and output, then SEP: a buffer that doubles when full, so a step's
         # tokens are written in place and the text is a view
         self._turn = np.full(1, SEP, dtype=np.int64)
         self._turn_len = 0
+        self._running = 0  # tokens of the running answer already in the global text
+
+    @staticmethod
+    def _append(buf: np.ndarray, end: int, tokens: np.ndarray) -> np.ndarray:
+        """`buf` with `tokens` written at `end` (grown, SEP-filled, when they do not fit with a SEP)."""
+        stop = end + tokens.size
+        if stop + 1 > buf.size:
+            grown = np.full(max(2 * buf.size, stop + 1), SEP, dtype=np.int64)
+            grown[:end] = buf[:end]
+            buf = grown
+        buf[end:stop] = tokens
+        return buf
+
+    def _add_global(self, tokens: np.ndarray, close: bool = False) -> None:
+        """Append to the global text (`close`: then a SEP, ending the sequence)."""
+        if self._global_start > self._global.size // 2:  # evicted answers fill half: compact
+            live = self._global[self._global_start : self._global_end].copy()
+            self._global[:] = SEP
+            self._global[: live.size] = live
+            self._global_start, self._global_end = 0, live.size
+        self._global = self._append(self._global, self._global_end, tokens)
+        self._global_end += tokens.size + (1 if close else 0)
 
     def start_turn(self, prompt) -> None:
         self._turn_len = 0
         self._turn[:] = SEP
-        self.extend(prompt)
+        self._running = 0
+        self.extend(prompt, prompt=True)
         while self.max_cached and len(self.answers) > self.max_cached - 1:
-            self.answers.popleft()
-            self._global_text = text_of(self.answers)
+            oldest = self.answers.popleft()
+            self._global[self._global_start : self._global_start + oldest.size + 1] = SEP
+            self._global_start += oldest.size + 1
 
-    def extend(self, tokens) -> None:
-        tokens = np.asarray(tokens, dtype=np.int64)
-        end = self._turn_len + tokens.size
-        if end + 1 > self._turn.size:
-            grown = np.full(max(2 * self._turn.size, end + 1), SEP, dtype=np.int64)
-            grown[: self._turn_len] = self._turn[: self._turn_len]
-            self._turn = grown
-        self._turn[self._turn_len : end] = tokens
-        self._turn_len = end
+    def extend(self, tokens, prompt: bool = False) -> None:
+        """Tokens of the running turn: the prompt's (`prompt`), or its output's, which with
+        `running_in_global` join the global text at once."""
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        self._turn = self._append(self._turn, self._turn_len, tokens)
+        self._turn_len += tokens.size
+        if self.running_in_global and not prompt:
+            self._add_global(tokens)
+            self._running += tokens.size
 
     def end_turn(self, response) -> None:
         if self.max_cached:
-            self.answers.append(np.array(response, dtype=np.int64))
-            self._global_text = text_of(self.answers)
+            answer = np.asarray(response, dtype=np.int64).reshape(-1)
+            # running_in_global: the output is in the global text already, as generated (the same
+            # tokens as `response` when the caller extended them all): written again, then closed
+            self._global_end -= self._running
+            self._global[self._global_end : self._global_end + self._running] = SEP
+            self.answers.append(answer)
+            self._add_global(answer, close=True)
+        self._running = 0
         self._turn_len = 0
         self._turn[:] = SEP
 
+    @property
+    def turn_tokens(self) -> np.ndarray:
+        """The running turn's prompt and output so far (a view)."""
+        return self._turn[: self._turn_len]
+
+    @property
+    def global_text(self) -> np.ndarray:
+        """The global tree's text: earlier answers and (running_in_global) the running one."""
+        start, end = self._global_start, self._global_end
+        closed = end > start and self._global[end - 1] == SEP  # the last answer ends with its SEP
+        return self._global[start : end if closed else end + 1]
+
     def speculate(self, context) -> tuple[Speculation, str]:
         """The better of the two trees' drafts and where it came from ("request" or "global"); the
-        request's own wins ties."""
+        request's own wins ties (as in arctic-inference)."""
         own = speculate(self._turn[: self._turn_len + 1], context, **self.args)
-        if not self.answers:
+        if self._global_end == self._global_start:
             return own, "request"
-        past = speculate(self._global_text, context, **self.args)
+        past = speculate(self.global_text, context, **self.args)
         return (own, "request") if own.score >= past.score else (past, "global")
