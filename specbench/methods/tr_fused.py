@@ -5,15 +5,14 @@ Each step, two sources propose continuations of the root:
 * the matrix: TR's whole template expanded from the root (specbench/methods/tr.py), each node's
   probability p(v) of being accepted estimated as adaptive TR does;
 * retrieval, one of (`retrieval=`):
-  - `pld` (default) and `suffix`, below;
   - `suffix`: Suffix Decoding's suffix tree (specbench/methods/suffix_tree.py) over the
     turn's prompt and output so far, and with `suffix_global=true` a global tree over the answers
     of earlier turns and the running one, as Suffix Decoding keeps it; the context's tail is matched
     at every length up to `suffix_depth - 1` and the best-scoring continuation drafted, a tree of
     the likeliest continuations (`suffix_tree=true`) or one path. Each node's p(v) is its
     frequency-based estimate: the product, along its path, of count(child) / count(parent);
-  - `pld` (the default, the earlier tr_fused): Prompt Lookup's n-gram continuation from the prompt and the output so far
-    (specbench/methods/pld.py), a chain whose d-th token is accepted with probability
+  - `pld` (the default, the earlier tr_fused; higher MAT on Spec-Bench prompts so far): Prompt
+    Lookup's n-gram continuation from the prompt and the output so far (specbench/methods/pld.py), a chain whose d-th token is accepted with probability
     q(1) x ... x q(d), where q(d) is the decayed rate at which a chain token at depth d was right
     when the one before it was, per matched n-gram size (longer matches are more reliable);
   - `none`: the matrix alone (tr_adaptive with the node budget).
