@@ -63,7 +63,7 @@ STAGES = [
     Stage("cost_curves", 150, 150, "t(w) at real shapes with random weights, predicted speedups"),
     Stage("real_model", 200, 420, "every method on the embedded model, AR interleaved, every token checked"),
     Stage("real_model_compiled", 90, 0, "the same on the compiled forward (CUDA graphs), the leading methods"),
-    Stage("real_model_bf16", 120, 120, "the same in bfloat16, the leading methods"),
+    Stage("real_model_bf16", 120, 200, "the same in bfloat16, the leading methods"),
 ]
 
 
