@@ -102,7 +102,7 @@ class FusedTRSettings(AdaptiveTRSettings):
     num_pred_tokens: int = 10  # pld: tokens after the match (as PLD)
     suffix_depth: int = 24  # suffix: the tree's depth, shared by the match and the draft (vLLM's 24)
     suffix_tokens: int = 16  # suffix: at most this many retrieved nodes per step
-    suffix_factor: float = 1.0  # suffix: a match of m tokens drafts at most suffix_factor x m tokens (vLLM's 1)
+    suffix_factor: float = 4.0  # suffix: a match of m tokens drafts at most suffix_factor x m tokens (vLLM: 1; 4 had the higher MAT here)
     suffix_min_prob: float = 0.1  # suffix: nodes whose frequency estimate is below this are not drafted
     suffix_tree: bool = True  # suffix: a tree of the likeliest continuations (false: one path, as vLLM)
     suffix_global: bool = False  # suffix: also a global tree over earlier answers and the running one
