@@ -97,7 +97,7 @@ def test_run_at_temperature_is_exact_and_reproducible(real_model, tmp_path):
 
     s = run(tmp_path / "a")
     assert s["temperature"] == 0.7 and s["top_p"] == 0.9
-    assert s["lossless"] == {"checked": 1, "exact": 1, "numeric_ties": 0, "mismatches": 0, "lossy_differences": 0,
+    assert s["lossless"] == {"questions": 1, "checked": 1, "exact": 1, "numeric_ties": 0, "mismatches": 0, "lossy_differences": 0,
                              "tokens_checked": 16, "tokens_equal": 16, "tokens_numeric": 0, "tokens_outside_band": 0,
                                  "questions_outside_band": 0}
     a = [json.loads(x)["turns"][0]["token_ids"] for x in (tmp_path / "a" / "answers.jsonl").read_text().splitlines()]
