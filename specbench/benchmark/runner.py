@@ -557,7 +557,8 @@ def finish(run: Run, baseline) -> dict:
     for d in summary["lossless_details"]:
         if d["status"] not in ("exact", "unchecked"):
             print(f"  {d['status']}: question {d['question_id']} turn {d['turn']} position {d['position']} "
-                  f"(AR top-2 margin {d.get('ar_top2_margin', nan):.3g}, float32 margin "
+                  f"(AR top-2 margin {d.get('ar_top2_margin', nan):.3g}, method token rank "
+                  f"{d.get('method_token_rank', '?')} at {d.get('method_gap_to_top', nan):.3g} below the top, float32 margin "
                   f"{d.get('float32_margin', nan):.3g}, band {d.get('band', nan):.3g})")
         bad = d.get("tokens", {}).get("first_outside")
         if bad:
