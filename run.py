@@ -12,7 +12,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.benchmark.runner import main_exit_code, run_benchmark
+from specbench.run.main import main_exit_code, run_benchmark
 from specbench.errors import SettingsError, SpecbenchError
 
 CONF = Path(__file__).resolve().parent / "conf"
@@ -37,13 +37,13 @@ def check_group_options(args: list[str]) -> None:
 def check_overrides(args: list[str]) -> None:
     """Compose the config as Hydra will, for every value a sweep gives each setting, and refuse a
     misspelt setting or a value of the wrong type in one line (Hydra refuses them too, over several
-    lines). The typed schemas are specbench/benchmark/config.py and each method's Settings."""
+    lines). The typed schemas are specbench/config.py and each method's Settings."""
     import itertools
 
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    import specbench.benchmark.config  # noqa: F401  (registers the schemas)
+    import specbench.run.schemas  # noqa: F401  (registers the schemas)
 
     lines = [a for a in args if "=" in a and not a.startswith(("-", "hydra", "+hydra"))]
     parsed = OverridesParser.create().parse_overrides(lines)

@@ -22,7 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specbench.drafter import DecodeState  # noqa: E402
+from specbench.draft import DecodeState  # noqa: E402
 from specbench.inputs.models import load_model, named_model_config  # noqa: E402
 from specbench.registry import build_drafter  # noqa: E402
 from specbench.inputs.tasks import MINI, load_jsonl_questions  # noqa: E402

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specbench.errors import SpecbenchError  # noqa: E402
-from specbench.methods.rest_datastore import build_datastore, require_divsufsort, vocab_sha256  # noqa: E402
+from specbench.methods.rest.datastore import build_datastore, require_divsufsort, vocab_sha256  # noqa: E402
 
 TEXT_SUFFIXES = {".txt", ".md", ".text"}
 JSON_SUFFIXES = {".jsonl", ".json"}

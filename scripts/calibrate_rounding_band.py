@@ -1,5 +1,5 @@
 """The lossless check's rounding band on this machine: the spread of near-top margins between a tree
-forward, AR's one-row steps and the teacher-forced forward, per dtype (specbench/benchmark/rounding_band.py;
+forward, AR's one-row steps and the teacher-forced forward, per dtype (specbench/run/rounding_band.py;
 docs/protocol.md, "Lossless check"). Prints the figures; a run measures (or loads) the same before timing.
 
     python scripts/calibrate_rounding_band.py [--model smollm2-135m] [--device cpu] [--dtypes bfloat16,float16,float32]
@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specbench.benchmark.lossless import BAND_ULPS  # noqa: E402
-from specbench.benchmark.rounding_band import measure_band  # noqa: E402
+from specbench.run.rounding_band import BAND_ULPS  # noqa: E402
+from specbench.run.rounding_band import measure_band  # noqa: E402
 from specbench.inputs.models import load_model, named_model_config, resolve_device  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

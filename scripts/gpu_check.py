@@ -287,7 +287,7 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from specbench.benchmark.runner import main_exit_code, run_benchmark
+    from specbench.run.main import main_exit_code, run_benchmark
     from specbench.errors import SpecbenchError
 
     root = ctx["work"] / "runs" / name
@@ -331,7 +331,7 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
 
 def summary_row(s: dict) -> dict:
     lo, sp = s["lossless"], s.get("speedup") or {}
-    from specbench.benchmark.lossless import verdict_line
+    from specbench.run.lossless import verdict_line
 
     return {"speedup": sp.get("overall"), "decode_speedup": (s.get("decode_speedup") or {}).get("overall"),
             "bound": s.get("speedup_bound"), "mat": s["mat"], "rows_per_step": s.get("rows_per_step"),
@@ -547,7 +547,7 @@ def cost_lines(work: Path) -> list[str]:
     if not curves:
         return []
     sys.path.insert(0, str(ROOT))
-    from specbench.hardware.cost import CostCurve
+    from specbench.speculation.cost import CostCurve
 
     lines = ["## Cost curves (random weights)", "",
              "| shape | forward | dtype | t(1) ms | t(81)/t(1) | t(128)/t(1) | t(1)/floor(1) |", "|---|---|---|---|---|---|---|"]

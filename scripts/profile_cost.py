@@ -8,7 +8,7 @@
 Writes the curve to the cache the runner and adaptive TR read ($SPECBENCH_CACHE/cost/, one file
 per model, device name and dtype) and, with --out, a copy there. Also measures the machine's memory
 read bandwidth and matmul throughput in the model's dtype and stores them in the curve with the
-model's weight bytes and FLOPs per row (specbench/hardware/roofline.py). Prints t(w) in ms beside
+model's weight bytes and FLOPs per row (specbench/speculation/roofline.py). Prints t(w) in ms beside
 the roofline floor(w) = max(weight bytes / bandwidth, FLOPs(w) / throughput) and t(w) / floor(w).
 """
 
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specbench.decoding.forward_choice import PRODUCTS  # noqa: E402
 from specbench.decoding.engine import Engine  # noqa: E402
-from specbench.hardware.cost import cache_path, measure_cost_curve  # noqa: E402
-from specbench.hardware.roofline import width_ratios  # noqa: E402
+from specbench.speculation.cost import cache_path, measure_cost_curve  # noqa: E402
+from specbench.speculation.roofline import width_ratios  # noqa: E402
 from specbench.inputs.models import add_model_arguments, load_model_from_arguments  # noqa: E402
 
 

@@ -5,10 +5,10 @@
     python scripts/shape_cost.py --shape tiny-7b --device cpu --dtype float32 --out /tmp/shape   # rehearsal
 
 A forward's time does not depend on the weights' values, so a model of the shape built on the device
-with random weights (specbench/hardware/shapes.py) times the real model's forward with no network and
+with random weights (specbench/speculation/shapes.py) times the real model's forward with no network and
 no checkpoint. Writes OUT/cost_<shape>_<forward>.json (the curve, roofline included) and
 OUT/predictions_<shape>_<forward>.md (MAT x t(1) / t(rows) per method, from the published MATs and from
-this harness's committed CPU traces: specbench/hardware/predictions.py); prints t(1), t(81)/t(1),
+this harness's committed CPU traces: specbench/speculation/predictions.py); prints t(1), t(81)/t(1),
 t(1) against the roofline floor and the table. Widths: a sparse set up to --max-width by default,
 `--widths all` for every width 1..W, or a comma-separated list.
 """
@@ -25,9 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from specbench.errors import SettingsError  # noqa: E402
-from specbench.hardware.predictions import markdown_table, predictions  # noqa: E402
-from specbench.hardware.shapes import (SHAPES, SPARSE_WIDTHS, STAND_INS, measure_shape_curve,  # noqa: E402
-                                       random_model)
+from specbench.speculation.predictions import markdown_table, predictions  # noqa: E402
+from specbench.speculation.shapes import SHAPES, SPARSE_WIDTHS, STAND_INS, measure_shape_curve, random_model
 from specbench.inputs.models import resolve_device, resolve_dtype  # noqa: E402
 
 TREE_ROWS = 81  # TR's published tree: 80 nodes + root

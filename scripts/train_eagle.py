@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from specbench.inputs.chat import prompt_ids  # noqa: E402
 from specbench.inputs.models import cache_root, resolve_dtype  # noqa: E402
-from specbench.methods.eagle_head import EagleHead, HeadConfig, load_head, save_head  # noqa: E402
+from specbench.methods.eagle.head import EagleHead, HeadConfig, load_head, save_head  # noqa: E402
 from train_medusa import frozen_target  # noqa: E402
 
 FEATURE_WEIGHT, TOKEN_WEIGHT = 1.0, 0.1  # EAGLE's v_w and p_w

@@ -7,12 +7,12 @@ never touches the model or the KV cache; the engine never knows which drafter it
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from specbench.decoding.tree import DraftTree
+from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
 
 @dataclass
@@ -26,7 +26,7 @@ class Target:
     model: Any = None
     model_name: str = ""
     dtype_name: str | None = None
-    hardware_curve: Any = None  # the run's cost curve t(w) (specbench/hardware/cost.py), if any
+    hardware_curve: Any = None  # the run's cost curve t(w) (specbench/speculation/cost.py), if any
     sampler: Any = None  # the run's PositionSampler when sampling (rebound per question and turn), else None
 
 
@@ -42,61 +42,6 @@ SETTING_KINDS = {
     int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
 }
-
-
-@dataclass
-class Draft:
-    """Candidate tokens for one step.
-
-    tokens[i] is the token of tree node i+1 (node 0, the root, is the last decided token).
-    Drafters with non-candidate rows (Lookahead's Jacobi window) append them as `extra_tokens`
-    with `extra_depths` (position offset from the root) and `extra_visibility`, a bool matrix
-    (n_extra, tree.size + n_extra) saying which rows each extra row sees. Tree rows never see
-    extra rows. Extra rows are never accepted; their logits come back in `StepOutcome.logits`.
-
-    A drafter that estimates its nodes' chances may say so in `node_probs`: node_probs[i] is its
-    probability that node i+1 is on the accepted path. A batch policy (hardware/batch_goodput.py)
-    then ranks and cuts the tree by the drafter's own estimates rather than by generic rates.
-    """
-
-    tokens: torch.Tensor
-    tree: DraftTree
-    extra_tokens: torch.Tensor | None = None
-    extra_depths: torch.Tensor | None = None
-    extra_visibility: torch.Tensor | None = None
-    node_probs: list[float] | None = None
-
-    def __post_init__(self):
-        if self.tokens.numel() != len(self.tree):
-            raise ValueError(f"draft has {self.tokens.numel()} tokens for a tree of {len(self.tree)} nodes")
-        if self.node_probs is not None and len(self.node_probs) != len(self.tree):
-            raise ValueError(f"draft has {len(self.node_probs)} node probabilities for a tree of {len(self.tree)} nodes")
-
-    @property
-    def n_extra(self) -> int:
-        return 0 if self.extra_tokens is None else int(self.extra_tokens.numel())
-
-
-@dataclass
-class DecodeState:
-    """What a drafter may look at: the decided sequence (prompt + output; the last one is the root)."""
-
-    tokens: torch.Tensor  # 1-D LongTensor on the CPU
-    prompt_len: int
-    step: int  # 0 for the first speculative step of a turn
-
-
-@dataclass
-class StepOutcome:
-    """What the verification forward produced, for the drafter to learn from."""
-
-    draft: Draft | None
-    root: int
-    logits: torch.Tensor  # (rows, vocab) on the model's device; row 0 = root, then tree nodes, then extras
-    accepted: list[int]  # accepted tree nodes, root excluded, in path order
-    bonus: int  # the target's token after the last accepted node
-    hidden_states: torch.Tensor | None = None  # (rows, hidden) last layer, when the drafter asks
-    emitted: list[int] = field(default_factory=list)  # tokens appended to the output this step
 
 
 class Drafter:

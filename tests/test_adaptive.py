@@ -6,12 +6,12 @@ import json
 import pytest
 import torch
 
-from specbench.methods.tr import AdaptiveTokenRecycling, TokenRecycling
-from specbench.hardware.cost import CostCurve
-from specbench.drafter import DecodeState, StepOutcome
-from specbench.hardware.goodput import (AcceptanceStats, RateTable, best_size, choose_nodes, counterfactual_path,
-                               monotone_down, path_probabilities, prior_probabilities, subtree_parents)
-from specbench.decoding.tree import DraftTree
+from specbench.methods.tr.adaptive import AdaptiveTokenRecycling
+from specbench.methods.tr.base import TokenRecycling
+from specbench.speculation.cost import CostCurve
+from specbench.draft import DecodeState, StepOutcome
+from specbench.speculation.goodput import (AcceptanceStats, RateTable, best_size, choose_nodes, counterfactual_path, monotone_down, path_probabilities, prior_probabilities, subtree_parents)
+from specbench.draft import DraftTree
 
 T1 = 0.064
 
@@ -227,7 +227,7 @@ def test_run_with_adaptive_tr_reports_rows_and_bound(real_model, tmp_path, capsy
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from specbench.benchmark.runner import run_benchmark
+    from specbench.run.main import run_benchmark
     from tests.test_config import CONF
 
     curve_file = curve({1: T1, 2: 0.070, 81: 0.3}).save(tmp_path / "curve.json")

@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import run as cli
-from specbench.benchmark import runner
+from specbench.run import plan, single, target
 from specbench.errors import SettingsError
 from specbench.inputs.models import resolve_device, run_dtype
 from specbench.registry import available_methods, drafter_class
@@ -112,7 +112,7 @@ def make_inputs(tmp: Path) -> None:
     device = resolve_device("auto")
     other.update(max_new_tokens=other["task"]["max_new_tokens"], device=str(device),
                  dtype=run_dtype(other["dtype"], device, other["model"]))  # as prepared_settings resolves it
-    identity = runner.run_identity(other)
+    identity = plan.run_identity(other)
     (tmp / "other_run" / "run_config.json").write_text(json.dumps({"identity": identity}))
     (tmp / "garbage_store").mkdir()
     for name in ("meta.json", "tokens.npy", "sa.npy"):
@@ -137,8 +137,9 @@ def _not_reached(what):
 
 def run_in_process(overrides: list[str], monkeypatch, capsys) -> tuple[int, str]:
     """run.py's code path without the interpreter start: exit code and stderr."""
-    for name in ("load_model", "run_cost_curve", "build_drafter"):
-        monkeypatch.setattr(runner, name, _not_reached(name))
+    monkeypatch.setattr(target, "load_model", _not_reached("load_model"))
+    for name in ("run_cost_curve", "build_drafter"):
+        monkeypatch.setattr(single, name, _not_reached(name))
     cli.check_group_options(overrides)
     with initialize_config_dir(config_dir=CONF, version_base=None):
         cfg = compose("config", overrides=overrides)

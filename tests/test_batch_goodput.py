@@ -8,11 +8,9 @@ import torch
 
 from specbench.decoding.batched import BatchedEngine, Request
 from specbench.decoding.engine import Engine
-from specbench.decoding.tree import DraftTree
-from specbench.drafter import DecodeState, Draft
-from specbench.hardware.cost import CostCurve
-from specbench.hardware.batch_goodput import (BatchCost, BatchGoodput, FixedSpeculation, best_row_budget,
-                                              measure_batch_cost, node_cells)
+from specbench.draft import DraftTree, DecodeState, Draft
+from specbench.speculation.cost import CostCurve
+from specbench.speculation.batch_policy import (BatchCost, BatchGoodput, FixedSpeculation, best_row_budget, measure_batch_cost, node_cells)
 from specbench.registry import build_drafter
 
 

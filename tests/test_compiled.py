@@ -12,12 +12,11 @@ from specbench.decoding.compiled import pad_rows, padded_mask, static_cache
 from specbench.decoding.engine import Engine
 from specbench.decoding.forward_choice import compiler_problem
 from specbench.decoding.kv_cache import compact_kv_cache, with_cache
-from specbench.decoding.tree import DraftTree
-from specbench.drafter import Draft
+from specbench.draft import DraftTree, Draft
 from specbench.methods.ar import Autoregressive
 from specbench.methods.lookahead import Lookahead
 from specbench.methods.pld import PromptLookup
-from specbench.methods.tr import TokenRecycling
+from specbench.methods.tr.base import TokenRecycling
 
 # inductor generates C++: without a working compiler the compiled forward is not offered (forward_choice.py)
 pytestmark = pytest.mark.skipif(compiler_problem() is not None, reason=f"compiled forward: {compiler_problem()}")
@@ -198,7 +197,7 @@ class _WordTokenizer:
 
 
 def test_one_capacity_reserved_for_every_turn_of_the_run(tiny_llama):
-    from specbench.benchmark.runner import longest_prompt_bound, reserve_compiled_cache
+    from specbench.run.single import longest_prompt_bound, reserve_compiled_cache
     from specbench.inputs.tasks import Question
 
     qs = [Question("a", "qa", ["one two three"]), Question("b", "writing", ["w " * 600, "x " * 10])]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench.hardware import cost
-from specbench.hardware.cost import CostCurve, curve_for, measure_cost_curve, resolve_curve, run_bound
+from specbench.speculation import cost
+from specbench.speculation.cost import CostCurve, curve_for, measure_cost_curve, resolve_curve, run_bound
 
 ROOT = Path(__file__).resolve().parents[1]
 JSON_FIELDS = {"widths", "times_ms", "model", "device", "dtype", "context_len", "repeats", "quick", "created",

@@ -13,7 +13,7 @@ import torch
 
 from specbench.decoding.engine import Engine
 from specbench.methods.ar import Autoregressive
-from specbench.methods.tr import TokenRecycling
+from specbench.methods.tr.base import TokenRecycling
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

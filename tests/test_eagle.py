@@ -12,8 +12,8 @@ import torch
 from transformers import LlamaConfig
 
 from specbench.decoding.engine import Engine
-from specbench.methods.eagle import Eagle
-from specbench.methods.eagle_head import EagleHeadError, HeadConfig, load_head
+from specbench.methods.eagle.drafter import Eagle
+from specbench.methods.eagle.head import EagleHeadError, HeadConfig, load_head
 from specbench.registry import build_drafter
 from tests.conftest import position_sampler
 

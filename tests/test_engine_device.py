@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from specbench.methods.ar import Autoregressive
-from specbench.methods.tr import TokenRecycling
-from specbench.drafter import Draft, Drafter
+from specbench.methods.tr.base import TokenRecycling
+from specbench.draft import Draft
+from specbench.drafter import Drafter
 from specbench.decoding.engine import Engine
-from specbench.decoding.tree import DraftTree, tree_attention_mask
+from specbench.draft import DraftTree
+from specbench.decoding.masks import tree_attention_mask
 from specbench.decoding.verify import TreeTensors, accept_path, accepted_path
 
 

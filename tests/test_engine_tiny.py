@@ -5,11 +5,11 @@ import torch
 from transformers import DynamicCache
 
 from specbench.methods.ar import Autoregressive
-from specbench.methods.tr import TokenRecycling
-from specbench.drafter import Draft
+from specbench.methods.tr.base import TokenRecycling
+from specbench.draft import Draft
 from specbench.decoding.engine import Engine
 from specbench.decoding.kv_cache import compact_kv_cache, with_cache
-from specbench.decoding.tree import DraftTree
+from specbench.draft import DraftTree
 
 
 def sequential_logits(model, ids):

@@ -1,5 +1,5 @@
 """What a GPU user's run depends on, checked on this CPU: host-device synchronisations per decoding
-step (counted by SyncAudit, specbench/decoding/sync_audit.py), TR's matrix writes whatever order the
+step (counted by SyncAudit, specbench/tools/sync_audit.py), TR's matrix writes whatever order the
 device applies duplicates in, the compiled CUDA path's cache capacity, attention kernel and recompile
 limit, the results' device identity, loading Vicuna's published layout, the dtype a GPU run defaults
 to and the GPU sweep's defaults. The CUDA-only counterparts at the end run where a GPU is."""
@@ -19,8 +19,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specbench.decoding.engine import Engine
-from specbench.decoding.sync_audit import SyncAudit
-from specbench.hardware.cost import CostCurve
+from specbench.tools.sync_audit import SyncAudit
+from specbench.speculation.cost import CostCurve
 from specbench.registry import available_methods, build_drafter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def test_a_fixed_shape_run_keeps_one_reserved_capacity(tiny_llama, monkeypatch):
 
 
 def test_the_runner_reserves_a_capacity_for_fixed_shapes_too(tiny_llama, real_model, monkeypatch):
-    from specbench.benchmark.runner import reserve_compiled_cache
+    from specbench.run.single import reserve_compiled_cache
     from specbench.decoding.compiled import CompiledForward
     from specbench.inputs.tasks import Question
     from specbench.methods.ar import Autoregressive
@@ -223,7 +223,7 @@ def test_a_recompile_past_the_limit_fails_the_run_instead_of_going_eager(tiny_ll
 
 
 def test_results_identity_names_the_gpu():
-    from specbench.benchmark.runner import identity
+    from specbench.run.plan import identity
 
     cfg = {"model": {"name": "vicuna-7b"}, "task": {"name": "spec_bench"}, "max_new_tokens": 8,
            "temperature": 0.0, "top_k": 0, "top_p": 1.0, "dtype": "float16", "seed": 0}

@@ -1,4 +1,4 @@
-"""The whole-output lossless check (specbench/benchmark/lossless.py): its rounding band, its per-token
+"""The whole-output lossless check (specbench/run/lossless.py): its rounding band, its per-token
 verdicts, every method on the real model in bfloat16 and float16, and a broken verifier caught in
 every dtype."""
 
@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench.benchmark import lossless
-from specbench.benchmark.lossless import classify_tokens, rounding_band, ulp
+from specbench.run import lossless
+from specbench.run.lossless import classify_tokens
+from specbench.run.rounding_band import rounding_band, ulp
 from specbench.decoding.engine import Engine
 from specbench.decoding.verify import accepted_path
-from specbench.hardware.cost import CostCurve
+from specbench.speculation.cost import CostCurve
 from specbench.inputs.models import eos_token_ids, load_model, named_model_config
 from specbench.registry import available_methods, build_drafter
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.hardware.host_memory import apply_host_memory, keep_freed_memory
+from specbench.run.host_memory import apply_host_memory, keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from specbench.decoding.engine import Engine
-from specbench.hardware.kernel_profile import (KernelTime, breakdown_table, gemm_ms, gemm_shape, kernel_times,
-                                               total_ms)
+from specbench.tools.kernel_profile import KernelTime, breakdown_table, gemm_ms, gemm_shape, kernel_times, total_ms
 
 
 def ev(key, us, count, shapes=None):
@@ -68,7 +67,7 @@ def test_real_profile_of_the_tiny_eager_forward(tiny_llama):
     """The tiny Llama's eager step: its projections show up as shaped matrix products (the lm_head's
     97 x 32 among them) and the profiled self times add up to no more than the wall time."""
     from specbench.decoding.kv_cache import compact_kv_cache
-    from specbench.hardware.cost import filled_cache_and_drafts
+    from specbench.speculation.cost import filled_cache_and_drafts
 
     model = tiny_llama
     eng = Engine(model, [])

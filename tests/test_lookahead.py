@@ -9,12 +9,12 @@ from transformers import DynamicCache
 
 from specbench.methods.ar import Autoregressive
 from specbench.methods.lookahead import Lookahead, NgramPool, candidate_tree, top_level_rows, window_layout
-from specbench.drafter import DecodeState, StepOutcome
+from specbench.draft import DecodeState, StepOutcome
 from specbench.decoding.engine import Engine
 from specbench.decoding.kv_cache import with_cache
 from specbench.registry import build_drafter
 from specbench.decoding.sampling import PositionSampler
-from specbench.decoding.tree import DraftTree
+from specbench.draft import DraftTree
 from specbench.decoding.verify import accept_path
 
 T = lambda *xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731

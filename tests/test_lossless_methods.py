@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from specbench.decoding.engine import Engine
-from specbench.hardware.cost import CostCurve
+from specbench.speculation.cost import CostCurve
 from specbench.registry import available_methods, build_drafter
 from tests.conftest import position_sampler
 

@@ -1,5 +1,5 @@
 """Broken verifiers the lossless check must catch (issue 45), on the embedded real model in bfloat16 and
-float16 under the band measured for this machine (specbench/benchmark/rounding_band.py):
+float16 under the band measured for this machine (specbench/run/rounding_band.py):
 
 - a verifier that takes AR's runner-up whenever it lies within 1.0, 0.5 or 0.25 logits of the top;
 - a verifier always one rank off;
@@ -20,10 +20,10 @@ import platform
 import pytest
 import torch
 
-from specbench.benchmark import lossless
-from specbench.benchmark.config import LosslessConfig
-from specbench.benchmark.rounding_band import load_or_measure, row_band
-from specbench.benchmark.runner import main_exit_code
+from specbench.run import lossless
+from specbench.config import LosslessConfig
+from specbench.run.rounding_band import load_or_measure, row_band
+from specbench.run.main import main_exit_code
 from specbench.decoding.engine import Engine
 from specbench.decoding.verify import accepted_path
 from specbench.inputs.chat import prompt_ids
@@ -214,7 +214,7 @@ def test_a_missing_turn_is_a_mismatch_not_exact():
 def test_the_identity_names_code_questions_check_and_threads(tmp_path):
     import json
 
-    from specbench.benchmark import runner
+    from specbench.run import plan as runner
     from tests.test_config import cfg
 
     questions = tmp_path / "q.jsonl"
@@ -237,7 +237,7 @@ def test_the_identity_names_code_questions_check_and_threads(tmp_path):
 
 
 def test_ar_and_the_method_alternate_who_goes_first(tmp_path):
-    from specbench.benchmark import baselines, runner
+    from specbench.run import baselines, single as runner
     order = []
 
     class FakeRun(runner.Run):

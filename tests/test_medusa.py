@@ -12,13 +12,12 @@ import torch
 from torch import nn
 
 from specbench.methods.ar import Autoregressive
-from specbench.methods.medusa import Medusa
-from specbench.drafter import DecodeState, Draft, StepOutcome
+from specbench.methods.medusa.drafter import Medusa
+from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.decoding.engine import Engine
-from specbench.methods.medusa_heads import (DEFAULT_HEADS, MedusaHeads, MedusaHeadsError, ResBlock, load_choices,
-                                    load_heads, resolve_heads_dir, save_heads, tree_from_choices)
+from specbench.methods.medusa.heads import (DEFAULT_HEADS, MedusaHeads, MedusaHeadsError, ResBlock, load_choices, load_heads, resolve_heads_dir, save_heads, tree_from_choices)
 from specbench.registry import build_drafter
-from specbench.decoding.tree import DraftTree
+from specbench.draft import DraftTree
 from specbench.decoding.verify import accept_path
 from tests.conftest import ROOT
 

@@ -1,6 +1,6 @@
 import pytest
 
-from specbench.benchmark import metrics
+from specbench.run import metrics
 
 
 def rec(qid, subtask, tokens, time, accept):

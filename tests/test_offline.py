@@ -21,7 +21,7 @@ import torch
 from specbench.errors import ModelLoadError, SettingsError, SpecbenchError
 from specbench.inputs import models
 from specbench.inputs.models import load_model, loaded_tokenizer, named_model_config
-from specbench.methods.rest_datastore import DatastoreError, build_datastore, resolve_path, vocab_sha256
+from specbench.methods.rest.datastore import DatastoreError, build_datastore, resolve_path, vocab_sha256
 from specbench.registry import build_drafter
 
 CPU = torch.device("cpu")
@@ -303,7 +303,7 @@ def test_default_store_is_refused_on_another_model():
 def test_store_without_a_hash_is_judged_by_its_model_before_loading(tmp_path):
     """A store written before the hash existed names its model in `tokenizer`: a run of another
     model is refused before any model loads."""
-    from specbench.methods.rest import Rest
+    from specbench.methods.rest.drafter import Rest
 
     build_datastore([[1, 2, 3, 4]], tmp_path / "old", vocab_size=49152, tokenizer="smollm2-135m")
     params = {"datastore": str(tmp_path / "old")}
@@ -318,7 +318,7 @@ def test_store_without_a_hash_is_judged_by_its_model_before_loading(tmp_path):
 def test_vocabulary_hash_decides_over_names(real_model, tmp_path):
     """The loaded tokenizer's hash decides: the default store serves SmolLM2 under another name, and a
     store of another tokenizer under SmolLM2's name is refused."""
-    from specbench.methods.rest import Rest
+    from specbench.methods.rest.drafter import Rest
 
     model, tok, _ = real_model
     assert loaded_tokenizer(model) is tok

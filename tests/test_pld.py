@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specbench.methods.pld import PromptLookup, find_candidate
-from specbench.drafter import DecodeState
+from specbench.draft import DecodeState
 from specbench.registry import build_drafter
 
 T = lambda *xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731

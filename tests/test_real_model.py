@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from specbench.inputs.chat import prompt_ids
-from specbench.drafter import Draft
+from specbench.draft import Draft
 from specbench.decoding.engine import Engine
 from specbench.decoding.kv_cache import with_cache
 from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask
-from specbench.decoding.tree import DraftTree
+from specbench.draft import DraftTree
 from transformers import DynamicCache
 
 
@@ -34,7 +34,7 @@ def test_ar_equals_transformers_generate(real_model, prompts, ar_tokens):
 
 def test_published_tree_forward_matches_sequential(real_model, prompts):
     model, _, eos = real_model
-    from specbench.methods.tr import PUBLISHED_TREE
+    from specbench.methods.tr.base import PUBLISHED_TREE
 
     tree = DraftTree.from_children_counts(PUBLISHED_TREE)
     ids = prompts["qa"]
@@ -56,7 +56,7 @@ def test_run_writes_answers_summary_and_resumes(real_model, tmp_path, capsys):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from specbench.benchmark.runner import run_benchmark
+    from specbench.run.main import run_benchmark
     from tests.test_config import CONF
 
     with initialize_config_dir(config_dir=CONF, version_base=None):
@@ -85,7 +85,7 @@ def test_run_at_temperature_is_exact_and_reproducible(real_model, tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from specbench.benchmark.runner import run_benchmark
+    from specbench.run.main import run_benchmark
     from tests.test_config import CONF
 
     def run(d):

@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from specbench.drafter import DecodeState
+from specbench.draft import DecodeState
 from specbench.registry import build_drafter
-from specbench.methods.rest_datastore import (SEPARATOR, Datastore, DatastoreError, build_datastore, build_trie,
-                                      resolve_path)
+from specbench.methods.rest.datastore import (SEPARATOR, Datastore, DatastoreError, build_datastore, build_trie, resolve_path)
 
 DOCS = [
     [1, 2, 3, 4, 5, 6],
@@ -309,7 +308,7 @@ def test_make_rest_corpus_self_distils_and_resumes(real_model, tmp_path):
 def test_the_store_behind_a_setting_joins_the_resume_identity():
     """`datastore=default` names whatever store is embedded today: answers made with another store
     must not be resumed, so the store's name and size are part of the run's identity."""
-    from specbench.methods.rest import Rest
+    from specbench.methods.rest.drafter import Rest
 
     default = Rest.resource_identity({"datastore": "default"})
     pydoc = Rest.resource_identity({"datastore": "smollm2-135m-pydoc"})

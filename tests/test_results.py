@@ -1,4 +1,4 @@
-from specbench.benchmark.results import append_jsonl, read_jsonl, repair_jsonl
+from specbench.run.results_io import append_jsonl, read_jsonl, repair_jsonl
 
 
 def test_append_and_repair_torn_line(tmp_path):

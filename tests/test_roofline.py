@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from specbench.hardware import roofline
-from specbench.hardware.cost import CostCurve, measure_cost_curve
-from specbench.hardware.roofline import Roofline, floor_time, flops, forward_flops, forward_vs_floor, weight_bytes
+from specbench.speculation import roofline
+from specbench.speculation.cost import CostCurve, measure_cost_curve
+from specbench.speculation.roofline import Roofline, floor_time, flops, forward_flops, forward_vs_floor, weight_bytes
 
 # 1 GB of weights at 10 GB/s: 0.1 s; 2 x 0.5 GFLOP per row + 1000 FLOP per row per key at 100 GFLOP/s
 RL = Roofline(bandwidth=10e9, throughput=100e9, weight_bytes=1_000_000_000, linear_params=500_000_000,
@@ -104,7 +104,7 @@ def record(rows, lengths, subtask="qa"):
 
 
 def test_summary_and_table_report_the_ratio_when_the_curve_has_machine_figures():
-    from specbench.benchmark.runner import format_table, summarize
+    from specbench.run.single import format_table, summarize
 
     cfg = {"method": {"name": "tr"}, "model": {"name": "m"}, "task": {"name": "t"}, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
            "dtype": "float32", "device_name": "cpu", "max_new_tokens": 8, "baseline": "interleave", "warmup": 0, "warmup_on": "builtin"}

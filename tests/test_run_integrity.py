@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench.benchmark import lossless
-from specbench.benchmark.results import append_jsonl, read_json, read_jsonl, repair_jsonl
-from specbench.benchmark.run_lock import LOCK_FILE, lock_run_directory
+from specbench.run import lossless
+from specbench.run.results_io import append_jsonl, read_json, read_jsonl, repair_jsonl
+from specbench.run.run_lock import LOCK_FILE, lock_run_directory
 from specbench.errors import ResultsFileError, RunLockedError, SpecbenchError
 from specbench.numerics import NonFiniteError, check_finite
 from tests.test_bad_inputs import run_in_process
@@ -40,7 +40,7 @@ def hold_lock(directory: Path) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from specbench.benchmark.run_lock import lock_run_directory
+        from specbench.run.run_lock import lock_run_directory
         lock = lock_run_directory({str(directory)!r})
         print("held", flush=True)
         time.sleep(120)
@@ -107,7 +107,7 @@ def test_run_py_refuses_a_directory_another_run_holds_in_one_line(tmp_path, hold
 def test_the_runner_releases_its_lock_when_the_run_is_done(tmp_path):
     """open_run_directory's lock lives as long as its Run: a Hydra multirun's next job on the same
     directory (the same process) and a later process both get in."""
-    from specbench.benchmark import runner
+    from specbench.run import single as runner
     from tests.test_config import cfg as compose
 
     cfg = compose(f"results_dir={tmp_path}/run", "task.limit=1")
@@ -116,12 +116,12 @@ def test_the_runner_releases_its_lock_when_the_run_is_done(tmp_path):
     again = runner.open_run_directory(cfg)  # the same process: shared, not refused
     del run
     out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
-                          "from specbench.benchmark.run_lock import lock_run_directory as l; l(sys.argv[2])",
+                          "from specbench.run.run_lock import lock_run_directory as l; l(sys.argv[2])",
                           str(ROOT), str(tmp_path / "run")], capture_output=True, text=True)
     assert out.returncode == 1 and "is in use by another run" in out.stderr  # `again` still holds it
     del again
     out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
-                          "from specbench.benchmark.run_lock import lock_run_directory as l; l(sys.argv[2])",
+                          "from specbench.run.run_lock import lock_run_directory as l; l(sys.argv[2])",
                           str(ROOT), str(tmp_path / "run")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 
@@ -194,7 +194,7 @@ def test_a_corrupt_results_file_is_one_line_naming_it(tmp_path):
 # -- no silent truncation -------------------------------------------------------------------------------
 
 def test_a_missing_request_is_a_mismatch_in_a_serving_run():
-    from specbench.benchmark.batched_run import check_requests
+    from specbench.run.serving import check_requests
     from specbench.inputs.tasks import Question
 
     q = Question("q1", "qa", ["hi"])

@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from specbench.benchmark.runner import SettingsError, check_identity, main_exit_code, method_variant, results_dir_for
+from specbench.errors import SettingsError
+from specbench.run.plan import check_identity, method_variant, results_dir_for
+from specbench.run.main import main_exit_code
 from tests.test_config import cfg
 
 
@@ -57,7 +59,7 @@ def test_typical_medusa_is_marked_lossy_and_never_fails_the_run(real_model, tmp_
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from specbench.benchmark.runner import run_benchmark
+    from specbench.run.main import run_benchmark
     from tests.test_config import CONF
 
     with initialize_config_dir(config_dir=CONF, version_base=None):
@@ -73,7 +75,7 @@ def test_typical_medusa_is_marked_lossy_and_never_fails_the_run(real_model, tmp_
 
 
 def test_table_footer_says_what_to_try_when_tr_is_slow():
-    from specbench.benchmark.runner import format_table
+    from specbench.run.single import format_table
 
     summary = {"method": "tr", "speedup": {"qa": 0.5, "overall": 0.5}, "decode_speedup": {"overall": 0.5},
                "speedup_bound": 0.49, "mat": 2.3, "tokens_per_s": 7.5, "baseline_tokens_per_s": 15.0,

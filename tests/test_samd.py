@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from specbench.decoding.engine import Engine
-from specbench.drafter import DecodeState
+from specbench.draft import DecodeState
 from specbench.errors import SettingsError
 from specbench.methods.ar import Autoregressive
-from specbench.methods.rest_datastore import build_datastore
-from specbench.methods.samd import SAMD_TREE, SAMDecoding
-from specbench.methods.suffix_automaton import Match, SuffixAutomaton, feed, follow
+from specbench.methods.rest.datastore import build_datastore
+from specbench.methods.suffix.samd import SAMD_TREE, SAMDecoding
+from specbench.methods.suffix.automaton import Match, SuffixAutomaton, feed, follow
 from tests.test_bad_inputs import run_in_process
 
 

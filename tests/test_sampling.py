@@ -11,7 +11,7 @@ from transformers.generation.logits_process import (
     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from specbench.methods.ar import Autoregressive
-from specbench.methods.tr import TokenRecycling
+from specbench.methods.tr.base import TokenRecycling
 from specbench.decoding.engine import Engine
 from specbench.registry import available_methods
 from specbench.decoding.sampling import PositionSampler, filter_logits, position_uniforms
@@ -84,10 +84,10 @@ def exact_first_three(model, prompt, temperature, top_k):
 
 def small_vocab_drafter(method: str, model, tmp_path):
     """Every registered method, sized for the 6-token model (whatever it needs built in tmp_path)."""
-    from specbench.hardware.cost import CostCurve
-    from specbench.methods.medusa_heads import MedusaHeads, save_heads
+    from specbench.speculation.cost import CostCurve
+    from specbench.methods.medusa.heads import MedusaHeads, save_heads
     from specbench.registry import build_drafter
-    from specbench.methods.rest_datastore import build_datastore
+    from specbench.methods.rest.datastore import build_datastore
 
     tree = [[2], [1, 1]]
     kwargs = {
@@ -123,7 +123,7 @@ def small_vocab_drafter(method: str, model, tmp_path):
         save_heads(heads, tmp_path / "medusa", dtype=torch.float32)
         kwargs["medusa"]["heads"] = str(tmp_path / "medusa")
     if method == "eagle":
-        from specbench.methods.eagle_head import EagleHead, HeadConfig, save_head
+        from specbench.methods.eagle.head import EagleHead, HeadConfig, save_head
 
         torch.manual_seed(6)
         head = EagleHead(HeadConfig.for_target(model.config))

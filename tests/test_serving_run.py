@@ -7,8 +7,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specbench.benchmark.runner import main_exit_code, run_benchmark
-from specbench.benchmark.serving import poisson_arrivals, serving_figures
+from specbench.run.main import main_exit_code, run_benchmark
+from specbench.run.serving_metrics import poisson_arrivals, serving_figures
 from specbench.decoding.batched import BatchResult, BatchStep, DrafterPool, RequestRecord
 from specbench.drafter import Drafter
 from tests.test_config import CONF
@@ -82,7 +82,7 @@ def test_a_batched_run_times_ar_beside_the_method_and_checks_every_request(real_
 
 
 def test_goodput_under_poisson_arrivals_keeps_every_output(real_model, tmp_path, monkeypatch):
-    from specbench.benchmark import batched_run
+    from specbench.run import serving as batched_run
 
     real = batched_run.measure_batch_cost  # the real measurement on a smaller grid: the suite's minutes
     monkeypatch.setattr(batched_run, "measure_batch_cost", lambda model, batches: real(

@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from specbench.errors import SettingsError
-from specbench.hardware import shapes
-from specbench.hardware.cost import CostCurve, run_bound
-from specbench.hardware.predictions import (markdown_table, predicted_speedup, predictions, published_predictions,
-                                            read_traces, trace_predictions)
+from specbench.speculation import shapes
+from specbench.speculation.cost import CostCurve, run_bound
+from specbench.speculation.predictions import (markdown_table, predicted_speedup, predictions, published_predictions, read_traces, trace_predictions)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "shape_cost.py"

@@ -13,9 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from specbench.benchmark import metrics
-from specbench.report import collect, tables
-from specbench.report import specbench_format as sf
+from specbench.run import metrics
+from specbench.report import collect, tables, specbench_format as sf
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "results"

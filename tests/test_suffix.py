@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from specbench.decoding.engine import Engine
-from specbench.drafter import DecodeState, StepOutcome
+from specbench.draft import DecodeState, StepOutcome
 from specbench.errors import SettingsError
-from specbench.methods import suffix
-from specbench.methods.suffix import SuffixDecoding, arctic_problem
-from specbench.methods.suffix_tree import SuffixTrees, speculate, text_of
+from specbench.methods.suffix import drafter as suffix
+from specbench.methods.suffix.drafter import SuffixDecoding, arctic_problem
+from specbench.methods.suffix.tree import SuffixTrees, speculate, text_of
 from specbench.registry import build_drafter
 
 HAVE_ARCTIC = arctic_problem() is None

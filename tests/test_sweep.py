@@ -8,8 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specbench.benchmark.results import read_jsonl
-from specbench.benchmark.sweep import SharedBaseline
+from specbench.run.results_io import read_jsonl
+from specbench.run.sweep import SharedBaseline
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -18,7 +18,7 @@ def test_multirun_gives_each_run_its_own_directory():
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from specbench.benchmark.runner import results_dir_for
+    from specbench.run.plan import results_dir_for
 
     overrides = OverridesParser.create().parse_overrides(["method=ar,tr,pld", "repeat=0,1", "max_new_tokens=32"])
     jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
@@ -77,7 +77,7 @@ def test_shared_baseline_refuses_other_settings(tmp_path):
 
 
 def test_shared_is_a_valid_baseline_mode():
-    from specbench.benchmark.runner import validate
+    from specbench.run.settings import validate
     from tests.test_config import cfg
 
     c = cfg("baseline=shared")

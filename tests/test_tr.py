@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from specbench.methods.tr import TokenRecycling
-from specbench.drafter import DecodeState, StepOutcome
+from specbench.methods.tr.base import TokenRecycling
+from specbench.draft import DecodeState, StepOutcome
 
 
 def test_expansion_follows_matrix_ranks():
@@ -138,13 +138,13 @@ def test_prompt_logits_from_the_engine_are_the_models_and_tokens_stay_exact(tiny
 
 
 def test_adaptive_statistics_name_template_nodes():
-    from specbench.hardware.cost import CostCurve
-    from specbench.methods.tr import AdaptiveTokenRecycling
+    from specbench.speculation.cost import CostCurve
+    from specbench.methods.tr.adaptive import AdaptiveTokenRecycling
 
     curve = CostCurve(widths=[1, 2, 3, 4], times=[1.0, 1.0, 1.0, 1.0], device="cpu", dtype="float32")
     tr = AdaptiveTokenRecycling(vocab_size=10, k=2, tree=[[2], [1, 0]], cost_curve=curve, confidence=False)
     tr._drafted = (1, 3)  # the chooser picked template nodes 1 and 3: sub-tree nodes 1 and 2
-    from specbench.decoding.tree import DraftTree
+    from specbench.draft import DraftTree
     d = __import__("specbench.drafter", fromlist=["Draft"]).Draft(tokens=torch.tensor([5, 5]), tree=DraftTree([0, 1]))
     tr.observe(_outcome(tr, 3, d, torch.zeros(3, 10), accepted=[1, 2], emitted=[5, 5, 0]))
     s = tr.take_statistics()
@@ -156,10 +156,10 @@ def test_a_batched_step_teaches_the_shared_matrix_what_the_requests_would_in_tur
     """observe_batch (one top-k and one write for the batch) leaves the shared matrix, its confidences
     and each request's counts as observing one request after another does; requests repeat tokens,
     so the later request's row must win."""
-    from specbench.hardware.cost import CostCurve
-    from specbench.methods.samd import SAMDecoding
-    from specbench.methods.tr import AdaptiveTokenRecycling
-    from specbench.methods.tr_fused import FusedTokenRecycling
+    from specbench.speculation.cost import CostCurve
+    from specbench.methods.suffix.samd import SAMDecoding
+    from specbench.methods.tr.adaptive import AdaptiveTokenRecycling
+    from specbench.methods.tr.fused import FusedTokenRecycling
 
     flat = CostCurve(widths=[1, 100], times=[1.0, 1.0001], device="cpu", dtype="float32")
     build = {"tr": lambda: TokenRecycling(vocab_size=12, k=2, tree=[[2], [1, 0]]),

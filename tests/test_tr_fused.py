@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from specbench.decoding.engine import Engine
-from specbench.drafter import DecodeState
-from specbench.hardware.cost import CostCurve
+from specbench.draft import DecodeState
+from specbench.speculation.cost import CostCurve
 from specbench.methods.ar import Autoregressive
-from specbench.methods.tr_fused import FusedTokenRecycling, merge_chain, merge_tree
+from specbench.methods.tr.fused import FusedTokenRecycling, merge_chain, merge_tree
 from specbench.registry import build_drafter
 
 TARGET = {"model_name": "smollm2-135m", "device": "cpu", "dtype_name": "float32"}

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from specbench.decoding.tree import DraftTree
-from specbench.methods.tr import PUBLISHED_TREE, TokenRecycling, load_tree_template
-from specbench.methods.tree_tuning import (best_prefix, children_counts_of, grow, probability_model,
-                                           rank_paths, trim_template, tune_template)
+from specbench.draft import DraftTree
+from specbench.methods.tr.base import PUBLISHED_TREE, TokenRecycling, load_tree_template
+from specbench.methods.tr.tuning import (best_prefix, children_counts_of, grow, probability_model, rank_paths, trim_template, tune_template)
 from specbench.report import collect, plots, tables
 
 ROOT = Path(__file__).resolve().parents[1]

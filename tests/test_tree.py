@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from specbench.methods.tr import PUBLISHED_TREE
-from specbench.decoding.tree import DraftTree, tree_attention_mask
+from specbench.methods.tr.base import PUBLISHED_TREE
+from specbench.draft import DraftTree
+from specbench.decoding.masks import tree_attention_mask
 
 
 def test_published_template_shape():

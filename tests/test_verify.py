@@ -1,4 +1,4 @@
-from specbench.decoding.tree import DraftTree
+from specbench.draft import DraftTree
 from specbench.decoding.verify import accept_path
 
 

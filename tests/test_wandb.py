@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.benchmark.results import read_jsonl
+from specbench.run.results_io import read_jsonl
 
 RUN = Path(__file__).resolve().parent / "fixtures" / "results" / "smollm2-135m" / "mini" / "tr-t0-m32"
 

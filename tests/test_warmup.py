@@ -10,10 +10,10 @@ from collections import deque
 import pytest
 import torch
 
-from specbench.benchmark.runner import warm_up
+from specbench.run.single import warm_up
 from specbench.decoding.engine import Engine
-from specbench.decoding.tree import DraftTree
-from specbench.hardware.cost import CostCurve
+from specbench.draft import DraftTree
+from specbench.speculation.cost import CostCurve
 from specbench.inputs.tasks import MINI, WARMUP_QUESTION
 from specbench.registry import available_methods, build_drafter
 

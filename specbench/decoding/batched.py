@@ -28,8 +28,9 @@ from specbench.decoding.engine import Engine, check_context, first_token, greedy
 from specbench.decoding.kv_cache import with_cache
 from specbench.decoding.transfers import to_device
 from specbench.decoding.verify import accepted_path
-from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
-from specbench.hardware.timing import now
+from specbench.draft import DecodeState, Draft, StepOutcome
+from specbench.drafter import Drafter
+from specbench.timing import now
 
 
 @dataclass

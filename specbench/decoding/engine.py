@@ -15,13 +15,15 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
-from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
+from specbench.draft import DecodeState, Draft, StepOutcome
+from specbench.drafter import Drafter
 from specbench.decoding.kv_cache import compact_kv_cache, with_cache
 from specbench.decoding.transfers import to_device
 from specbench.errors import InputError
-from specbench.hardware.timing import now
+from specbench.timing import now
 from specbench.numerics import NonFiniteError, non_finite_message
-from specbench.decoding.tree import DraftTree, tree_attention_mask
+from specbench.draft import DraftTree
+from specbench.decoding.masks import tree_attention_mask
 from specbench.decoding.verify import TreeTensors, accepted_path
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from specbench.decoding.transfers import stacked_to_device
-from specbench.decoding.tree import DraftTree
+from specbench.draft import DraftTree
 
 
 def accept_path(tree: DraftTree, draft_tokens: list[int], targets: list[int]) -> tuple[list[int], int]:

@@ -42,7 +42,7 @@ def named_model_config(name: str, path: str | None = None) -> dict:
     if not file.is_file():
         valid = ", ".join(sorted(f.stem for f in MODEL_CONFIGS.glob("*.yaml")))
         raise SettingsError(f"unknown model '{name}'; valid names: {valid} (conf/model/<name>.yaml)")
-    from specbench.benchmark.config import ModelConfig
+    from specbench.config import ModelConfig
 
     loaded = OmegaConf.load(file)
     loaded.pop("defaults", None)  # the schema it names, merged here as Hydra merges it
@@ -381,7 +381,7 @@ def check_model_config(cfg) -> None:
     """Refuse a model config that cannot load, before loading anything: no path, a local directory or
     GGUF file that is not there, an unknown chat template. Hub ids and PyPI wheels are checked when
     fetched."""
-    from specbench.benchmark.config import ModelConfig, with_defaults
+    from specbench.config import ModelConfig, with_defaults
 
     cfg = with_defaults(ModelConfig, cfg)
     name, path, gguf = cfg["name"], cfg["path"], cfg["gguf"]
@@ -437,7 +437,7 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype):
     """cfg: the model config (name, path, gguf). Returns (model, tokenizer), model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specbench.benchmark.config import ModelConfig, with_defaults
+    from specbench.config import ModelConfig, with_defaults
 
     check_model_config(cfg)
     cfg = with_defaults(ModelConfig, cfg)

@@ -125,7 +125,7 @@ def select_per_subtask(questions: list[Question], n: int | None) -> list[Questio
 
 
 def load_task(cfg) -> list[Question]:
-    from specbench.benchmark.config import TaskConfig, with_defaults
+    from specbench.config import TaskConfig, with_defaults
 
     cfg = with_defaults(TaskConfig, cfg)
     kind = cfg["kind"]

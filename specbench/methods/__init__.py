@@ -1,7 +1,8 @@
-"""One module per method; importing this package registers every module in it."""
+"""One module per method (a package for a method with helpers); importing this package registers
+every method in it."""
 
 import importlib
 import pkgutil
 
-for _mod in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_mod.name}")
+for _mod in pkgutil.walk_packages(__path__, prefix=f"{__name__}."):
+    importlib.import_module(_mod.name)

@@ -77,10 +77,11 @@ from functools import lru_cache
 
 import torch
 
-from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
+from specbench.draft import DecodeState, Draft, StepOutcome
+from specbench.drafter import Drafter
 from specbench.errors import SettingsError
 from specbench.registry import register
-from specbench.decoding.tree import DraftTree
+from specbench.draft import DraftTree
 
 
 @lru_cache(maxsize=64)

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.drafter import DecodeState, Draft, Drafter
+from specbench.draft import DecodeState, Draft
+from specbench.drafter import Drafter
 from specbench.errors import SettingsError
 from specbench.registry import register
-from specbench.decoding.tree import DraftTree
+from specbench.draft import DraftTree
 
 
 def find_candidate(seq: torch.Tensor, max_ngram_size: int = 3, num_pred_tokens: int = 10) -> torch.Tensor | None:

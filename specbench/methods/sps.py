@@ -37,8 +37,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from specbench.decoding.kv_cache import with_cache
-from specbench.decoding.tree import DraftTree
-from specbench.drafter import DecodeState, Draft, Drafter, StepOutcome
+from specbench.draft import DraftTree, DecodeState, Draft, StepOutcome
+from specbench.drafter import Drafter
 from specbench.errors import SettingsError
 from specbench.inputs.models import MODEL_CONFIGS, check_model_config, load_model, named_model_config
 from specbench.registry import register

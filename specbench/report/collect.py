@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench.report import tables
-from specbench.benchmark.lossless import tally
-from specbench.benchmark.results import read_jsonl
+from specbench.run.lossless import tally
+from specbench.run.results_io import read_jsonl
 
 
 @dataclass
@@ -169,8 +169,8 @@ def frames(runs: list[Run]) -> dict:
     records them (TR): depth, rank, parent, times drafted and times on the accepted path)."""
     import pandas as pd
 
-    from specbench.benchmark import metrics
-    from specbench.decoding.tree import DraftTree
+    from specbench.run import metrics
+    from specbench.draft import DraftTree
 
     rows = run_rows(runs)
     by_path = {r["path"]: r for r in rows}

@@ -29,9 +29,9 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specbench.benchmark import metrics
-from specbench.benchmark.lossless import tally
-from specbench.benchmark.results import write_json_atomic
+from specbench.run import metrics
+from specbench.run.lossless import tally
+from specbench.run.results_io import write_json_atomic
 from specbench.inputs.tasks import MT_BENCH_CATEGORIES, SUBTASKS, json_objects, subtask_of
 
 # speed.py's task names, in the order it prints them ("mt_bench" is our "mt").

@@ -2,7 +2,7 @@
 
 A *run row* is one results directory reduced to numbers (``run_row``): its settings (model, task,
 temperature, ...), its method, and the leaderboard columns recomputed from its answers with
-Spec-Bench's definitions (specbench.benchmark.metrics). Rows of repeated runs (same settings and method,
+Spec-Bench's definitions (specbench.run.metrics). Rows of repeated runs (same settings and method,
 ``repeat=0,1,2`` -> directories ``...``, ``...-r1``, ``...-r2``) are averaged by ``aggregate``
 into mean and sample standard deviation. ``build_tables`` lays the aggregated rows out one table
 per model / task / temperature / length / dtype / device, with published figures beside ours where
@@ -18,8 +18,8 @@ import math
 import re
 from statistics import mean, stdev
 
-from specbench.benchmark import metrics
-from specbench.benchmark.lossless import verdict_line
+from specbench.run import metrics
+from specbench.run.lossless import verdict_line
 from specbench.inputs.tasks import SUBTASKS
 
 # (key, header) in Spec-Bench's leaderboard order; subtask columns are speedups over AR. Acc. rate

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from specbench.benchmark import metrics
+from specbench.run import metrics
 
 _NOTICE_SHOWN = False
 

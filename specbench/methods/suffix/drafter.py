@@ -1,0 +1,249 @@
+"""Suffix Decoding (Oliaro et al., arXiv 2411.04975) as vLLM ships it (`method: suffix`).
+
+Model-free drafting from two suffix trees: one over the current turn's prompt and output so far,
+one (global) over the answers of turns, the running one included as it is generated, kept across
+questions (hot, like TR's matrix) up to `max_cached_requests` answers, oldest evicted first. Each step drafts the best-scoring continuation
+of the context's tail from either tree (specbench/methods/suffix/tree.py says how), a single path
+by default (vLLM's), or a tree with `use_tree=true`. Defaults are vLLM's.
+
+The trees are Snowflake's arctic-inference (`pip install -e ".[suffix]"`, the package vLLM calls)
+where it is installed, else ours in pure Python with the same settings and the same drafts (ties
+between equally frequent continuations aside); `backend=` picks one, and the run says which.
+
+Protocol (arctic-inference's, hence vLLM's): a turn's output joins the global tree as it is
+generated, so its occurrences count there as well as in the turn's own tree: they change the global
+tree's counts, probabilities and scores, hence which draft wins. `running_in_global=false` keeps
+this harness's earlier protocol for comparison (a turn's answer enters the global tree only once the
+turn is answered). `reset()` forgets both trees, so nothing from the warm-up reaches a measured question.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+
+import numpy as np
+import torch
+
+from specbench.draft import DraftTree, DecodeState, Draft, StepOutcome
+from specbench.drafter import Drafter
+from specbench.errors import SettingsError
+from specbench.methods.suffix.tree import Speculation, SuffixTrees
+from specbench.registry import register
+
+BACKENDS = ("auto", "arctic", "python")
+INSTALL = 'pip install -e ".[suffix]"'
+
+
+@dataclass
+class SuffixSettings:
+    max_tree_depth: int = 24  # longest string in the trees: the match and the draft share this depth
+    max_spec_factor: float = 1.0  # a draft holds at most max_spec_factor x match length + max_spec_offset tokens
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1  # tokens whose estimated probability (from frequencies) is below this are dropped
+    max_cached_requests: int = 10000  # answered turns kept in the global tree, oldest evicted first; 0: no global tree
+    use_tree: bool = False  # true: a tree of the likeliest continuations; false: one path (vLLM)
+    backend: str = "auto"  # arctic: arctic-inference's trees; python: ours; auto: arctic where it is installed
+    # true (arctic-inference, vLLM): the running turn's output joins the global tree as it is
+    # generated; false: only once the turn is answered (this harness before issue 47, for comparison)
+    running_in_global: bool = True
+
+
+def arctic_problem() -> str | None:
+    """Why arctic-inference's suffix trees cannot be imported here, or None when they can."""
+    try:
+        import arctic_inference.suffix_decoding  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+def resolve_backend(backend: str) -> str:
+    """`arctic` or `python`: the trees this run drafts from."""
+    if backend not in BACKENDS:
+        raise SettingsError(f"method.backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "python":
+        return "python"
+    problem = arctic_problem()
+    if problem is None:
+        return "arctic"
+    if backend == "arctic":
+        raise SettingsError(f"method.backend=arctic needs arctic-inference, which does not import here "
+                            f"({problem}); install it with {INSTALL}, or use method.backend=python (ours)")
+    return "python"
+
+
+def check(s: SuffixSettings) -> None:
+    if s.max_tree_depth < 2:
+        raise SettingsError(f"method.max_tree_depth must be at least 2 (a match and a drafted token), "
+                            f"got {s.max_tree_depth}")
+    if s.max_spec_factor < 0:
+        raise SettingsError(f"method.max_spec_factor must be at least 0, got {s.max_spec_factor}")
+    if s.max_spec_factor * (s.max_tree_depth - 1) + s.max_spec_offset < 1:
+        raise SettingsError(f"with method.max_spec_factor={s.max_spec_factor} and method.max_spec_offset="
+                            f"{s.max_spec_offset} no match of up to {s.max_tree_depth - 1} tokens earns a drafted "
+                            f"token; raise one of them (vLLM: 1.0 and 0)")
+    if not 0 <= s.min_token_prob <= 1:
+        raise SettingsError(f"method.min_token_prob must lie in [0, 1], got {s.min_token_prob}")
+    if s.max_cached_requests < 0:
+        raise SettingsError(f"method.max_cached_requests must be at least 0 (0: no global tree), "
+                            f"got {s.max_cached_requests}")
+    resolve_backend(s.backend)
+
+
+class ArcticTrees:
+    """SuffixTrees' four calls on arctic-inference's SuffixDecodingCache, through its public API.
+
+    `running_in_global` (vLLM's use): `full` is the cache vLLM keeps, each turn a request whose
+    prompt is the turn's prompt and whose output is added as generated (to its own tree and to the
+    global tree); its draft is the one returned. To say which tree won, `own` holds the same prompt
+    and output with the global tree off: the global tree won when `full` scores above `own` (the
+    request's own tree wins ties in the cache). Otherwise (the earlier protocol) `past` holds only
+    answered turns: each turn starts there as a request with an empty prompt (reserving its slot, as
+    in vLLM) and receives its answer when it ends."""
+
+    def __init__(self, max_depth: int, max_cached: int, max_tokens: int, factor: float, offset: float,
+                 min_prob: float, use_tree: bool, running_in_global: bool = True):
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.max_depth = max_depth
+        self.running = bool(running_in_global)
+        self.own = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=0)
+        self.past = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=max_cached) if max_cached else None
+        self.args = dict(max_spec_tokens=max_tokens, max_spec_factor=factor, max_spec_offset=offset,
+                         min_token_prob=min_prob, use_tree_spec=use_tree)
+        self.turn = 0
+
+    def start_turn(self, prompt) -> None:
+        self.turn += 1
+        self.own.start_request(self.turn, _int32(prompt))
+        if self.past is not None:
+            self.past.start_request(self.turn, _int32(prompt if self.running else []))
+
+    def extend(self, tokens) -> None:
+        self.own.add_active_response(self.turn, _int32(tokens))
+        if self.past is not None and self.running:
+            self.past.add_active_response(self.turn, _int32(tokens))
+
+    def end_turn(self, response) -> None:
+        self.own.stop_request(self.turn)
+        if self.past is not None:
+            if not self.running:
+                self.past.add_active_response(self.turn, _int32(response))
+            self.past.stop_request(self.turn)
+
+    def speculate(self, context) -> tuple[Speculation, str]:
+        context = _int32(context[-self.max_depth:])
+        own = self.own.speculate(self.turn, context, **self.args)
+        best, source = own, "request"
+        if self.past is not None:
+            past = self.past.speculate(self.turn, context, **self.args)
+            if past.score > own.score:  # the request's own wins ties, as in SuffixDecodingCache
+                best, source = past, "global"
+        return Speculation(list(best.token_ids), list(best.parents), list(best.probs), best.match_len), source
+
+
+def _int32(tokens) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(tokens, dtype=np.int32))
+
+
+STAT_KEYS = ("drafts_from_request", "drafts_from_global", "plain_steps", "drafted_tokens",
+             "accepted_from_request", "accepted_from_global")
+
+
+@register("suffix")
+class SuffixDecoding(Drafter):
+    Settings = SuffixSettings
+
+    def __init__(self, target=None, settings: SuffixSettings | None = None, **values):
+        super().__init__(target, settings, **values)
+        check(self.settings)
+        self.backend = resolve_backend(self.settings.backend)
+        if self.backend == "arctic":
+            print(f"suffix: drafting from arctic-inference {metadata.version('arctic-inference')}'s suffix trees",
+                  file=sys.stderr)
+        elif self.settings.backend == "auto":
+            print(f"warning: suffix: arctic-inference does not import here ({arctic_problem()}); drafting from "
+                  f"specbench's own suffix trees, same settings ({INSTALL} for arctic's)", file=sys.stderr)
+        self.reset()
+
+    @classmethod
+    def check_settings(cls, params: dict, target: dict) -> dict:
+        p = super().check_settings(params, target)
+        check(SuffixSettings(**p))
+        return p
+
+    @classmethod
+    def resource_identity(cls, params: dict) -> dict:
+        """Which trees drafted: the answers are the same, the accepted lengths may differ (ties)."""
+        return {"suffix_backend": resolve_backend(params.get("backend", "auto"))}
+
+    def reset(self) -> None:
+        self._trees = None  # built when the first turn starts: a reset drafter equals a fresh one
+        self._response: list[int] | None = None  # the open turn's output so far (None: no turn open)
+        self._source: str | None = None  # the tree this step's draft came from
+        self._trees_cache: dict[tuple[int, ...], DraftTree] = {}
+        self._stats = dict.fromkeys(STAT_KEYS, 0)
+
+    def _new_trees(self):
+        s = self.settings
+        kind = ArcticTrees if self.backend == "arctic" else SuffixTrees
+        # a draft is bounded by the tree depth only, as vLLM's num_speculative_tokens defaults to it
+        return kind(s.max_tree_depth, s.max_cached_requests, s.max_tree_depth, s.max_spec_factor,
+                    s.max_spec_offset, s.min_token_prob, s.use_tree, s.running_in_global)
+
+    def start_question(self) -> None:
+        self._end_turn()
+
+    def _end_turn(self) -> None:
+        """The open turn is answered: its output stays in the global tree (running_in_global) or enters it now."""
+        if self._response is not None:
+            self._trees.end_turn(self._response)
+            self._response = None
+
+    def _start_turn(self, state: DecodeState) -> None:
+        self._end_turn()
+        if self._trees is None:
+            self._trees = self._new_trees()
+        tokens = state.tokens.tolist()
+        self._trees.start_turn(tokens[: state.prompt_len])
+        first = tokens[state.prompt_len:]  # the prefill's token
+        self._trees.extend(first)
+        self._response = list(first)
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        if state.step == 0 or self._response is None:
+            self._start_turn(state)
+        spec, source = self._trees.speculate(state.tokens[-self.settings.max_tree_depth:].numpy())
+        if not spec.tokens:
+            self._source = None
+            self._stats["plain_steps"] += 1
+            return None
+        self._source = source
+        self._stats[f"drafts_from_{source}"] += 1
+        self._stats["drafted_tokens"] += len(spec.tokens)
+        return Draft(tokens=torch.tensor(spec.tokens, dtype=torch.long), tree=self._tree(spec.parents))
+
+    def _tree(self, parents: list[int]) -> DraftTree:
+        """The draft's shape (node 0 is the root, so every index shifts by one), one object per shape."""
+        if not self.settings.use_tree:
+            return DraftTree.chain(len(parents))
+        key = tuple(p + 1 for p in parents)
+        tree = self._trees_cache.get(key)
+        if tree is None:
+            if len(self._trees_cache) > 1024:
+                self._trees_cache.clear()
+            tree = self._trees_cache[key] = DraftTree(key)
+        return tree
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self._trees.extend(outcome.emitted)
+        self._response.extend(outcome.emitted)
+        if self._source is not None:
+            self._stats[f"accepted_from_{self._source}"] += len(outcome.accepted)
+
+    def take_statistics(self) -> dict:
+        out = dict(self._stats, suffix_backend=self.backend)
+        self._stats = dict.fromkeys(STAT_KEYS, 0)
+        return out

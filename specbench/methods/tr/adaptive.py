@@ -1,0 +1,241 @@
+"""Adaptive Token Recycling: each step verifies the sub-tree of TR's template that the hardware's
+cost curve and running acceptance estimates say is worth its forward (possibly none); the chooser's
+math is in specbench/speculation/goodput.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+from collections import deque
+from pathlib import Path
+
+import torch
+
+from specbench.speculation.cost import load_curve_file, resolve_curve
+from specbench.draft import DecodeState, Draft
+from specbench.errors import SettingsError
+from specbench.speculation.goodput import (AcceptanceStats, RateTable, check_decay, choose_nodes, counterfactual_path, path_probabilities, prior_probabilities, subtree_parents)
+from specbench.registry import register
+from specbench.decoding.transfers import HostCopy, to_device
+from specbench.draft import DraftTree
+from specbench.methods.tr.base import TokenRecycling, TRSettings
+
+
+@dataclass
+class AdaptiveTRSettings(TRSettings):
+    cost_curve: Optional[str] = None  # None: the run's curve (cost_curve= at the top level); or a curve JSON path
+    min_gain: float = 0.05  # draft only when the expected tokens/s beat a plain step's by this fraction
+    # auto: per-step node confidences on the CPU (free there), slot statistics on an accelerator (no
+    # extra device sync per step); true / false force one or the other
+    confidence: Any = "auto"
+    half_life: Optional[float] = None  # steps after which an observation counts half; None: 400 (confidence), 200 (slots)
+    prior_steps: Optional[float] = None  # weight of the prior, in steps; None: 4 (confidence), 8 (slots)
+    prior_per_depth: float = 0.5  # slot prior p(node) = prior_per_depth ** depth / (1 + sibling rank)
+    context_buckets: bool = True  # separate statistics for roots the matrix predicted at rank 0 and the rest
+
+
+@register("tr_adaptive")
+class AdaptiveTokenRecycling(TokenRecycling):
+    """Token Recycling that verifies, each step, the sub-tree of its template with the most expected
+    tokens per second on this hardware, down to a plain step (the math: specbench/speculation/goodput.py).
+
+    Every step expands the whole template from the matrix, as static TR does. Once the tokens after
+    that step's root are decided, the template node they would have reached is known whatever was
+    drafted, so every node is observed at every step and nothing needs exploring. From these
+    counterfactual outcomes and the cost curve t(w), each step takes the best top-m nodes by p(v),
+    the estimated probability that v is on the accepted path:
+
+    * `confidence` (default on when the drafter runs on the CPU): p(v) = p(parent) x q(cell of v),
+      where the cell is the model's own probability for v's token when its matrix entry was written
+      (10 bins, or never written), v's sibling rank (0, 1, 2+) and the context bucket, and q is the
+      decayed rate at which such nodes were accepted when their parent was. Confident stretches
+      (copies, lists, code) get trees, the rest plain steps. Choosing needs the step's confidences
+      on the host, a device sync per step on an accelerator, where a flat cost curve makes the
+      choice matter little anyway; there the default is
+    * slot statistics: p(v) = the decayed rate at which template node v was on the accepted path,
+      per context bucket; the choice changes only when the statistics do and needs nothing from the
+      device.
+
+    The context bucket (`context_buckets`) says whether the root was itself its predecessor's
+    rank-0 candidate: predictable text goes on being predictable.
+    """
+
+    BINS = 10  # confidence bins of width 0.1, plus one for entries never written
+
+    Settings = AdaptiveTRSettings
+
+    def __init__(self, target=None, settings: AdaptiveTRSettings | None = None, **values):
+        super().__init__(target, settings, **values)
+        s, t = self.settings, self.target
+        cost_curve, min_gain, confidence, context_buckets = s.cost_curve, s.min_gain, s.confidence, s.context_buckets
+        half_life, prior_steps, prior_per_depth = s.half_life, s.prior_steps, s.prior_per_depth
+        hardware_curve, model, model_name, dtype_name = t.hardware_curve, t.model, t.model_name, t.dtype_name
+        # method.cost_curve, else the curve the runner measured or loaded, else one for the model
+        self.curve = resolve_curve(cost_curve or hardware_curve, model, model_name, dtype_name)
+        self.step_times = self.curve.table(self.tree.size)  # t(w) for w = 1 .. template rows
+        self.min_gain = float(min_gain)
+        self.context_buckets = bool(context_buckets)
+        self.confidence = self.device.type == "cpu" if confidence in ("auto", None) else bool(confidence)
+        self._prior_steps, self._half_life, self._prior_per_depth = prior_steps, half_life, prior_per_depth
+        self.reset()
+
+    def reset(self) -> None:
+        """An empty matrix and the prior statistics, as built."""
+        super().reset()
+        buckets = 2 if self.context_buckets else 1
+        ranks = self.tree.sibling_rank()
+        prior_steps, half_life = self._prior_steps, self._half_life
+        if self.confidence:
+            self.probs = torch.zeros(self.matrix.shape, dtype=torch.float32, device=self.device)
+            self._rank_class = [min(r, 2) for r in ranks]
+            # prior rate of a cell: its confidence bin's midpoint; never-written entries rarely hit
+            per_bucket = [(b + 0.5) / self.BINS for b in range(self.BINS)] + [0.02]
+            self.rates = RateTable(per_bucket * (3 * buckets), prior_steps if prior_steps is not None else 4,
+                                   half_life if half_life is not None else 400)
+        else:
+            prior = prior_probabilities(self.tree.depths.tolist()[1:], ranks, self._prior_per_depth)
+            self.stats = AcceptanceStats(prior, prior_steps if prior_steps is not None else 8,
+                                         half_life if half_life is not None else 200, buckets)
+        self._pending: deque = deque()  # per step: (root's index, template tokens, confidences, bucket)
+        self._last: tuple[int, torch.Tensor] | None = None  # the previous step's (root index, tokens)
+        self._choice: dict[int, tuple[int, tuple[int, ...]]] = {}  # bucket -> (stats version, nodes)
+        self._subtrees: dict[tuple[int, ...], tuple[DraftTree, torch.Tensor]] = {}
+        self.drafted_steps = 0
+        self.plain_steps = 0
+
+    @classmethod
+    def check_settings(cls, params: dict, target: dict) -> dict:
+        p = super().check_settings(params, target)
+        if isinstance(p["cost_curve"], (str, Path)) and p["cost_curve"] != "auto":
+            load_curve_file(p["cost_curve"])
+        if p["confidence"] not in ("auto", None, True, False):
+            raise SettingsError(f"method.confidence must be auto, true or false, got {p['confidence']!r}")
+        check_decay(1 if p["half_life"] is None else p["half_life"], p["prior_steps"] or 0)
+        return p
+
+    def start_question(self) -> None:
+        super().start_question()
+        if self.cold_start and self.confidence:  # a reset matrix holds no confidence either
+            self.probs.zero_()
+
+    # -- what the template would have done ------------------------------------------------------
+    def _expand_with_confidence(self, root: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Template tokens (as `expand`) and, with `confidence`, each node's stored probability."""
+        if not self.confidence:
+            return self.expand(root), None
+        tokens = torch.empty(self.tree.size, dtype=torch.long, device=self.device)
+        conf = torch.ones(self.tree.size, dtype=torch.float32, device=self.device)
+        tokens[:1].fill_(root)
+        for idx, parent, rank in self._levels:
+            src = tokens[parent]
+            tokens[idx] = self.matrix[src, rank].long()
+            conf[idx] = self.probs[src, rank]
+        return tokens, conf
+
+    def _cell(self, confidence: float, node: int, bucket: int) -> int:
+        b = min(int(confidence * self.BINS), self.BINS - 1) if confidence > 0 else self.BINS
+        return (bucket * 3 + self._rank_class[node - 1]) * (self.BINS + 1) + b
+
+    def _bucket(self, seq: torch.Tensor) -> int:
+        """1 when the root (the last decided token) was its predecessor's rank-0 candidate in the
+        previous step's template, else 0. Known whatever the previous step drafted."""
+        if not self.context_buckets or self._last is None:
+            return 0
+        root_at, host = self._last
+        tokens = host.tolist()  # the previous step's copy: the engine has synchronised since
+        node, hit = 0, False
+        for tok in seq[root_at + 1 :].tolist():  # the previous step's emitted tokens, root last
+            kids = self.tree.children[node]
+            if not kids:  # past the template's depth: a fully predicted chain led here
+                return 1
+            child = next((c for c in kids if tokens[c] == tok), None)
+            if child is None:
+                return 0
+            hit, node = child == kids[0], child
+        return int(hit)
+
+    def _learn(self, seq: torch.Tensor) -> None:
+        """Count the steps whose continuation is now decided as deep as the template reaches."""
+        depth = self.tree.max_depth
+        while self._pending and self._pending[0][0] + depth < seq.numel():
+            root_at, tokens, conf, bucket = self._pending.popleft()
+            cont = seq[root_at + 1 : root_at + 1 + depth].tolist()
+            path = counterfactual_path(self.tree.children, tokens.tolist(), cont)
+            if conf is None:
+                self.stats.add(path, bucket)
+                continue
+            conf = conf.tolist()
+            on_path = [0, *path]
+            for i, parent in enumerate(on_path):  # a trial for every child of an on-path node
+                nxt = on_path[i + 1] if i + 1 < len(on_path) else -1
+                for child in self.tree.children[parent]:
+                    self.rates.add(self._cell(conf[child], child, bucket), child == nxt)
+            self.rates.next_step()
+
+    # -- choosing --------------------------------------------------------------------------------
+    def _probabilities(self, bucket: int, conf: torch.Tensor | None) -> list[float]:
+        """p(v) for every template node, this step: from the confidences, else slot statistics."""
+        if conf is None:
+            return self.stats.probabilities(bucket)
+        rates = self.rates.rates()
+        c = conf.tolist()
+        q = [rates[self._cell(c[v], v, bucket)] for v in range(1, self.tree.size)]
+        return path_probabilities(self.tree.parents, q)
+
+    def _nodes(self, bucket: int, p: list[float], per_step: bool) -> tuple[int, ...]:
+        """The sub-tree to draft from this step's p(v): chosen afresh with per-step confidences, else
+        only when the slot statistics have changed."""
+        if per_step:
+            return choose_nodes(p, self.tree.parents, self.step_times, self.min_gain)
+        version = self.stats.version[bucket]
+        cached = self._choice.get(bucket)
+        if cached is None or cached[0] != version:
+            cached = self._choice[bucket] = (version, choose_nodes(p, self.tree.parents, self.step_times,
+                                                                   self.min_gain))
+        return cached[1]
+
+    def _subtree(self, nodes: tuple[int, ...]) -> tuple[DraftTree, torch.Tensor]:
+        hit = self._subtrees.get(nodes)
+        if hit is None:
+            if len(self._subtrees) > 256:
+                self._subtrees.clear()
+            hit = self._subtrees[nodes] = (DraftTree(subtree_parents(nodes, self.tree.parents)),
+                                           to_device(nodes, self.device, torch.long))
+        return hit
+
+    def _prepare(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """Learn from what is now decided, then expand the whole template from the root:
+        (template tokens on the device, their confidences on the host or None, context bucket)."""
+        seq = state.tokens
+        if state.step == 0:  # a new turn: earlier steps' continuations are cut off, drop them
+            self._pending.clear()
+            self._last = None
+        self._learn(seq)
+        bucket = self._bucket(seq)
+        tokens, conf = self._expand_with_confidence(int(seq[-1]))
+        # The template's tokens are read steps later, when the copy has long arrived: started now,
+        # waited on then (confidences are read now: on an accelerator the sync the docstring mentions).
+        host = HostCopy(tokens)
+        host_conf = None if conf is None else conf.to("cpu")
+        self._pending.append((seq.numel() - 1, host, host_conf, bucket))
+        self._last = (seq.numel() - 1, host)
+        return tokens, host_conf, bucket
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        tokens, host_conf, bucket = self._prepare(state)
+        p = self._probabilities(bucket, host_conf)
+        nodes = self._nodes(bucket, p, host_conf is not None)
+        self._drafted = nodes
+        if not nodes:
+            self.plain_steps += 1
+            return None
+        self.drafted_steps += 1
+        tree, index = self._subtree(nodes)
+        return Draft(tokens=tokens[index], tree=tree, node_probs=[p[v - 1] for v in nodes])
+
+    def _write(self, tokens: torch.Tensor, logits: torch.Tensor, duplicates: bool = True):
+        top, last = super()._write(tokens, logits, duplicates)
+        if self.confidence:  # the model's probability of each recycled candidate, kept beside it
+            probs = logits.softmax(dim=-1, dtype=torch.float32).gather(-1, top.indices)  # one fused pass
+            self.probs[tokens] = probs[last].to(self.device)
+        return top, last

@@ -1,0 +1,290 @@
+"""Token Recycling fused with retrieval: one draft tree from the adjacency matrix and from the context.
+
+Each step, two sources propose continuations of the root:
+
+* the matrix: TR's whole template expanded from the root (specbench/methods/tr/base.py), each node's
+  probability p(v) of being accepted estimated as adaptive TR does;
+* retrieval, one of (`retrieval=`):
+  - `suffix`: Suffix Decoding's suffix tree (specbench/methods/suffix/tree.py) over the
+    turn's prompt and output so far, and with `suffix_global=true` a global tree over the answers
+    of earlier turns and the running one, as Suffix Decoding keeps it; the context's tail is matched
+    at every length up to `suffix_depth - 1` and the best-scoring continuation drafted, a tree of
+    the likeliest continuations (`suffix_tree=true`) or one path. Each node's p(v) is its
+    frequency-based estimate: the product, along its path, of count(child) / count(parent);
+  - `pld` (the default, the earlier tr_fused; higher MAT on Spec-Bench prompts so far): Prompt
+    Lookup's n-gram continuation from the prompt and the output so far (specbench/methods/pld.py), a chain whose d-th token is accepted with probability
+    q(1) x ... x q(d), where q(d) is the decayed rate at which a chain token at depth d was right
+    when the one before it was, per matched n-gram size (longer matches are more reliable);
+  - `none`: the matrix alone (tr_adaptive with the node budget).
+
+The retrieved tree is merged into the template by common prefixes: while its tokens spell a path of
+the template, they share those nodes (p = the larger of the two estimates); the rest hangs below
+as new nodes. From the merged tree the step verifies the parent-closed node set with the most
+expected tokens per second on the cost curve, at most `max_nodes` nodes, or a plain step when
+nothing pays (specbench/speculation/goodput.py). So a copy-heavy stretch gets the retrieved
+continuation, free text the matrix's tree. Lossless by construction (the engine's verifier), and the
+matrix learns from every verified row, retrieval rows included. Retrieval reads only the decided
+tokens (DecodeState), so it works the same in batched decoding, where `observe` may not be called.
+
+`matrix=false` or `retrieval=none` switch a source off (for ablations). The statistics of a run
+say how many accepted tokens came from each source (`accepted_from_*`: matrix only, retrieval
+only, both; `retrieval_source` names the retrieval).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections import deque
+
+import torch
+
+from specbench.decoding.transfers import to_device
+from specbench.draft import DraftTree
+from specbench.drafter import TARGET_FACTS
+from specbench.draft import DecodeState, Draft, StepOutcome
+from specbench.errors import SettingsError
+from specbench.speculation.goodput import RateTable, choose_nodes, subtree_parents
+from specbench.methods.pld import PromptLookup, find_match
+from specbench.methods.suffix.tree import SuffixTrees
+from specbench.methods.tr.adaptive import AdaptiveTokenRecycling, AdaptiveTRSettings
+from specbench.registry import register
+
+MATRIX, RETRIEVAL = 1, 2  # source bits of a merged node
+NGRAM_CLASSES = 3  # matched n-gram size 1, 2, 3 or more
+RETRIEVALS = ("suffix", "pld", "none")
+SUFFIX_CACHED = 10000  # suffix_global: answers kept in the global tree, oldest evicted (vLLM's default)
+
+
+def retrieval_source(value) -> str:
+    """`method.retrieval` as one of RETRIEVALS; the earlier true / false read as pld / none."""
+    if value is True:
+        return "pld"
+    if value is False or value is None:
+        return "none"
+    if value not in RETRIEVALS:
+        raise SettingsError(f"method.retrieval must be one of {', '.join(RETRIEVALS)}, got {value!r}")
+    return value
+
+
+def merge_tree(children: list[list[int]], node_tokens: list[int], tokens: list[int],
+               parents: list[int]) -> list[int | None]:
+    """Where a retrieved tree goes in a template: for each of its nodes (`parents[i]` indexes
+    `tokens`, -1 = the root; parents first), the template node it shares, or None when it is new
+    (then it, and all below it, hang below its parent's place)."""
+    at: list[int | None] = []
+    for tok, par in zip(tokens, parents):
+        base = 0 if par < 0 else at[par]
+        at.append(None if base is None else next((c for c in children[base] if node_tokens[c] == tok), None))
+    return at
+
+
+def merge_chain(children: list[list[int]], node_tokens: list[int], chain: list[int]) -> tuple[list[int], int]:
+    """Where a chain goes in a template: (the template nodes its prefix shares, in path order;
+    how many of its tokens that prefix covers). The rest of the chain hangs below the last shared
+    node (the root when none). `node_tokens[v]`: the token at template node v (0 = root)."""
+    shared, node = [], 0
+    for tok in chain:
+        child = next((c for c in children[node] if node_tokens[c] == tok), None)
+        if child is None:
+            break
+        shared.append(child)
+        node = child
+    return shared, len(shared)
+
+
+@dataclass
+class FusedTRSettings(AdaptiveTRSettings):
+    matrix: bool = True  # the matrix's template as a source (false: retrieval only, still chosen per step)
+    # the retrieval source: pld (Prompt Lookup's chain, learnt chain rates; higher MAT than suffix
+    # at vLLM's suffix settings on Spec-Bench prompts, see docs/token-recycling.md), suffix (Suffix
+    # Decoding's tree, frequency estimates) or none (the matrix only)
+    retrieval: str = "pld"
+    max_ngram_size: int = 3  # pld: query n-gram sizes tried, from this down to 1 (as PLD)
+    num_pred_tokens: int = 10  # pld: tokens after the match (as PLD)
+    suffix_depth: int = 24  # suffix: the tree's depth, shared by the match and the draft (vLLM's 24)
+    suffix_tokens: int = 16  # suffix: at most this many retrieved nodes per step
+    suffix_factor: float = 4.0  # suffix: a match of m tokens drafts at most suffix_factor x m tokens (vLLM: 1; 4 had the higher MAT here)
+    suffix_min_prob: float = 0.1  # suffix: nodes whose frequency estimate is below this are not drafted
+    suffix_tree: bool = True  # suffix: a tree of the likeliest continuations (false: one path, as vLLM)
+    suffix_global: bool = False  # suffix: also a global tree over earlier answers and the running one
+    max_nodes: int = 80  # node budget of the merged tree per step
+
+
+@register("tr_fused")
+class FusedTokenRecycling(AdaptiveTokenRecycling):
+    Settings = FusedTRSettings
+
+    def __init__(self, target=None, settings: FusedTRSettings | None = None, **values):
+        # the sources are set before the parent builds (its reset() reads them)
+        s = settings if settings is not None else FusedTRSettings(
+            **{k: v for k, v in values.items() if k not in TARGET_FACTS})
+        self._check(s)
+        self.use_matrix, self.retrieval = bool(s.matrix), retrieval_source(s.retrieval)
+        self.use_retrieval = self.retrieval != "none"
+        self.max_ngram_size, self.num_pred_tokens = int(s.max_ngram_size), int(s.num_pred_tokens)
+        self.suffix_depth, self.suffix_tokens = int(s.suffix_depth), int(s.suffix_tokens)
+        self.max_nodes = int(s.max_nodes)
+        super().__init__(target, s, **{k: v for k, v in values.items() if k in TARGET_FACTS})
+        extra = {"suffix": self.suffix_tokens, "pld": self.num_pred_tokens}.get(self.retrieval, 0)
+        self.step_times = self.curve.table(self.tree.size + extra)
+
+    @classmethod
+    def check_settings(cls, params: dict, target: dict) -> dict:
+        p = super().check_settings(params, target)
+        cls._check(FusedTRSettings(**p))
+        return p
+
+    @staticmethod
+    def _check(s: FusedTRSettings) -> None:
+        retrieval = retrieval_source(s.retrieval)
+        if not (s.matrix or retrieval != "none"):
+            raise SettingsError("tr_fused needs a source: method.matrix=true or method.retrieval=suffix or pld "
+                                "(both off would draft nothing; use method=ar)")
+        PromptLookup._check(s.max_ngram_size, s.num_pred_tokens)
+        if s.max_nodes < 1:
+            raise SettingsError(f"method.max_nodes must be at least 1, got {s.max_nodes}")
+        if s.suffix_depth < 2 or s.suffix_tokens < 1:
+            raise SettingsError(f"method.suffix_depth must be at least 2 and method.suffix_tokens at least 1, "
+                                f"got {s.suffix_depth} and {s.suffix_tokens}")
+        if s.suffix_factor <= 0 or not 0 <= s.suffix_min_prob <= 1:
+            raise SettingsError(f"method.suffix_factor must be above 0 and method.suffix_min_prob in [0, 1], "
+                                f"got {s.suffix_factor} and {s.suffix_min_prob}")
+
+    def reset(self) -> None:
+        super().reset()
+        # prior: the first chain token right 40% of the time, each later one 70% given its parent
+        prior = [0.4 if d == 0 else 0.7 for _ in range(NGRAM_CLASSES) for d in range(self.num_pred_tokens)]
+        self.chain_rates = RateTable(prior, prior_steps=4, half_life=400)
+        self._chains: deque = deque()  # per step with a match: (root's index, chain tokens, n-gram class)
+        self._sources: list[int] = []  # source bits of the drafted nodes, in sub-tree order
+        self._subtrees_fused: dict[tuple[int, ...], DraftTree] = {}
+        self._accepted_from = [0, 0, 0]  # matrix only, retrieval only, both
+        self._retrieval_steps = 0
+        self._global_drafts = 0  # suffix_global: steps whose retrieved tree came from the global tree
+        s = self.settings
+        self._suffix = SuffixTrees(self.suffix_depth, SUFFIX_CACHED if s.suffix_global else 0, self.suffix_tokens,
+                                   float(s.suffix_factor), 0.0, float(s.suffix_min_prob), bool(s.suffix_tree))
+        self._suffix_len: int | None = None  # tokens of the running turn in the suffix tree (None: no turn)
+        self._suffix_prompt = 0
+
+    # -- suffix retrieval ------------------------------------------------------------------------
+    def _suffix_draft(self, state: DecodeState) -> tuple[list[int], list[int], list[float]]:
+        """The suffix trees' best continuation of the context: (tokens, parents, frequency estimates).
+        The trees follow the decided tokens (a new turn at step 0: the last turn's answer closes)."""
+        seq = state.tokens
+        if state.step == 0 or self._suffix_len is None:
+            if self._suffix_len is not None:
+                self._suffix.end_turn(self._suffix.turn_tokens[self._suffix_prompt :].copy())
+            self._suffix.start_turn(seq[: state.prompt_len].numpy())
+            self._suffix_len = self._suffix_prompt = state.prompt_len
+        if seq.numel() > self._suffix_len:
+            self._suffix.extend(seq[self._suffix_len :].numpy())
+            self._suffix_len = seq.numel()
+        spec, where = self._suffix.speculate(seq[-self.suffix_depth :].numpy())
+        if spec.tokens and where == "global":
+            self._global_drafts += 1
+        return spec.tokens, spec.parents, spec.probs
+
+    def _pld_draft(self, state: DecodeState) -> tuple[list[int], list[int], list[float]]:
+        """Prompt Lookup's chain and its learnt per-depth estimates (nothing without a match)."""
+        match = find_match(state.tokens, self.max_ngram_size, self.num_pred_tokens)
+        if match is None:
+            return [], [], []
+        chain, size = match[0].tolist(), match[1]
+        cls = min(size, NGRAM_CLASSES) - 1
+        self._chains.append((state.tokens.numel() - 1, chain, cls))
+        rates = self.chain_rates.rates()
+        chain_p, prob = [], 1.0
+        for d in range(1, len(chain) + 1):
+            prob *= rates[self._chain_cell(cls, d)]
+            chain_p.append(prob)
+        return chain, list(range(-1, len(chain) - 1)), chain_p
+
+    def _chain_cell(self, ngram_class: int, depth: int) -> int:
+        return ngram_class * self.num_pred_tokens + depth - 1
+
+    # -- retrieval statistics --------------------------------------------------------------------
+    def _learn_chains(self, seq: torch.Tensor) -> None:
+        """A chain token at depth d is a trial when the chain was right up to d - 1; decided once a
+        token differs from what followed the root or the whole chain is decided."""
+        while self._chains:
+            root_at, chain, cls = self._chains[0]
+            cont = seq[root_at + 1 : root_at + 1 + len(chain)].tolist()
+            right = next((i for i, (a, b) in enumerate(zip(chain, cont)) if a != b), len(cont))
+            if right == len(cont) and len(cont) < len(chain):
+                return  # not decided yet (and later chains even less)
+            self._chains.popleft()
+            for d in range(1, min(right + 1, len(chain)) + 1):
+                self.chain_rates.add(self._chain_cell(cls, d), d <= right)
+            self.chain_rates.next_step()
+
+    # -- drafting --------------------------------------------------------------------------------
+    def propose(self, state: DecodeState) -> Draft | None:
+        if state.step == 0:
+            self._chains.clear()
+        tokens, host_conf, bucket = self._prepare(state)
+        self._learn_chains(state.tokens)
+        n = len(self.tree)
+        p = self._probabilities(bucket, host_conf) if self.use_matrix else [0.0] * n
+        parents = list(self.tree.parents)
+        source = [MATRIX if self.use_matrix else 0] * n
+        extra: list[int] = []
+        if self.retrieval == "suffix":
+            r_tokens, r_parents, r_probs = self._suffix_draft(state)
+        elif self.retrieval == "pld":
+            r_tokens, r_parents, r_probs = self._pld_draft(state)
+        else:
+            r_tokens = r_parents = r_probs = []
+        if r_tokens:
+            self._retrieval_steps += 1
+            # the template's tokens on the host: waits for the copy _prepare started (on an
+            # accelerator the step's second synchronisation, and only on steps with a retrieval)
+            at = merge_tree(self.tree.children, self._last[1].tolist(), r_tokens, r_parents)
+            place: list[int] = []  # each retrieved node's id in the merged tree
+            for tok, par, pv, v in zip(r_tokens, r_parents, r_probs, at):
+                if v is not None:  # shared with the template
+                    p[v - 1] = max(p[v - 1], pv)
+                    source[v - 1] |= RETRIEVAL
+                else:
+                    parents.append(0 if par < 0 else place[par])
+                    p.append(pv)
+                    source.append(RETRIEVAL)
+                    extra.append(tok)
+                    v = len(parents)
+                place.append(v)
+        nodes = choose_nodes(p, parents, self.step_times, self.min_gain, self.max_nodes)
+        self._drafted = nodes
+        self._sources = [source[v - 1] for v in nodes]
+        if not nodes:
+            self.plain_steps += 1
+            return None
+        self.drafted_steps += 1
+        sub = subtree_parents(nodes, parents)
+        tree = self._subtrees_fused.get(sub)
+        if tree is None:
+            if len(self._subtrees_fused) > 1024:
+                self._subtrees_fused.clear()
+            tree = self._subtrees_fused[sub] = DraftTree(sub)
+        # the chain's new tokens and the chosen nodes' indices reach the device in one queued copy
+        sent = to_device([*extra, *nodes], self.device, torch.long)
+        if extra:
+            tokens = torch.cat([tokens, sent[: len(extra)]])
+        return Draft(tokens=tokens[sent[len(extra):]], tree=tree, node_probs=[p[v - 1] for v in nodes])
+
+    # -- statistics ------------------------------------------------------------------------------
+    def _count(self, outcome: StepOutcome, root_unwritten: torch.Tensor, rank0_hit: torch.Tensor) -> None:
+        """TR's template-node statistics, and the sources of the accepted tokens."""
+        for a in outcome.accepted:
+            self._accepted_from[{MATRIX: 0, RETRIEVAL: 1}.get(self._sources[a - 1], 2)] += 1
+        super()._count(outcome, root_unwritten, rank0_hit)
+
+    def take_statistics(self) -> dict:
+        out = super().take_statistics()
+        out.update(accepted_from_matrix=self._accepted_from[0], accepted_from_retrieval=self._accepted_from[1],
+                   accepted_from_both=self._accepted_from[2], retrieval_steps=self._retrieval_steps,
+                   retrieval_source=self.retrieval)
+        if self.retrieval == "suffix" and self.settings.suffix_global:
+            out["retrieval_from_global"] = self._global_drafts
+        self._accepted_from = [0, 0, 0]
+        self._retrieval_steps = self._global_drafts = 0
+        return out

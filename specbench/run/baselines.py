@@ -1,0 +1,85 @@
+"""Where a run's AR answers come from (the `baseline` setting): one strategy object per mode.
+
+- interleave: AR on each question right before the method, in this process (fair against slow drift
+  of the machine); its answers go to the run's baseline_answers.jsonl, so a resumed run keeps them;
+- reuse: a finished `method=ar` run with identical settings, every question required up front;
+- shared: the ar-... directory of identical settings, filled under a lock by whichever run of a sweep
+  needs a question first (specbench/run/sweep.py);
+- none: no AR answers, no speedup (and AR itself is its own baseline).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from specbench.run.results_io import append_jsonl, repair_jsonl
+from specbench.errors import SettingsError
+
+
+class Baseline:
+    """No AR answers at all."""
+
+    directory: Path | None = None  # where the AR answers live when another run made them
+
+    def __init__(self):
+        self.answers: dict = {}
+
+    @property
+    def active(self) -> bool:
+        return False
+
+    def answer(self, question_id, run_ar: Callable[[], dict], stored: Callable[[dict], dict]) -> dict | None:
+        """AR's record for the question, running AR (`run_ar`) if this mode does and has none yet;
+        `stored` is what goes to disk of a record."""
+        return self.answers.get(question_id)
+
+
+class Interleaved(Baseline):
+    def __init__(self, path: Path):
+        self.path = path
+        self.answers = {r["question_id"]: r for r in repair_jsonl(path)}
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def answer(self, question_id, run_ar, stored):
+        if question_id not in self.answers:
+            record = run_ar()
+            append_jsonl(self.path, stored(record))
+            self.answers[question_id] = record
+        return self.answers[question_id]
+
+
+class Reused(Baseline):
+    def __init__(self, ar_dir: Path, question_ids: list):
+        self.directory = ar_dir
+        self.answers = {r["question_id"]: r for r in repair_jsonl(ar_dir / "answers.jsonl")}
+        missing = [q for q in question_ids if q not in self.answers]
+        if missing:
+            raise SettingsError(
+                f"baseline=reuse: {ar_dir} lacks AR answers for {len(missing)} question(s) "
+                f"(e.g. {missing[0]}); run method=ar with the same settings first, or use baseline=interleave")
+
+    @property
+    def active(self) -> bool:
+        return True
+
+
+class Shared(Baseline):
+    def __init__(self, ar_dir: Path, ar_identity: dict, cfg: dict):
+        from specbench.run.sweep import SharedBaseline
+
+        self.directory = ar_dir
+        self.shared = SharedBaseline(ar_dir, ar_identity, cfg)
+        self.answers = self.shared.load()
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def answer(self, question_id, run_ar, stored):
+        if question_id not in self.answers:
+            self.answers[question_id] = self.shared.get_or_run(question_id, run_ar, stored)
+        return self.answers[question_id]

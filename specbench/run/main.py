@@ -1,0 +1,44 @@
+"""The entry of every run: one request at a time (single.py) or many at once (serving.py), and the
+exit code a finished run gives."""
+
+from __future__ import annotations
+
+import sys
+
+from specbench.run import schemas as _schemas  # noqa: F401  (registers the typed settings with Hydra)
+from specbench.run import lossless
+from specbench.run.settings import is_serving_run
+
+
+def run_benchmark(cfg: dict) -> dict:
+    """Run, write answers and summary, print the table. Returns the summary."""
+    if is_serving_run(cfg):  # concurrent requests: run/serving.py
+        from specbench.run.serving import run_serving
+        return run_serving(cfg)
+    from specbench.run.single import run_single
+    return run_single(cfg)
+
+
+def main_exit_code(summary: dict, cfg: dict) -> int:
+    """1 when the lossless check failed: a real mismatch with AR, a token outside the band, too large a
+    share of numeric tokens (lossless.max_numeric_share), or fewer questions checked than asked."""
+    lo, lcfg = summary["lossless"], cfg["lossless"]
+    is_lossless = summary.get("lossless_method", True)
+    asked, checked = lo.get("questions", lo.get("checked", 0)), lo.get("checked", 0)
+    reasons = []
+    if lo["mismatches"]:
+        reasons.append(f"{lo['mismatches']} real mismatch(es) with AR")
+    if is_lossless and lo.get("tokens_outside_band"):
+        reasons.append(f"{lo['tokens_outside_band']} token(s) outside the rounding band of the target's choice")
+    limit = lcfg.get("max_numeric_share", 0.05)
+    if is_lossless and lossless.numeric_share_exceeded(lo, limit):
+        reasons.append(f"{lo['tokens_numeric']} of {lo['tokens_checked']} tokens numeric "
+                       f"({100 * lo['tokens_numeric'] / lo['tokens_checked']:.1f}%, more than lossless.max_numeric_share="
+                       f"{limit:g}): a verifier that prefers the runner-up near a tie")
+    if lcfg.get("check", True) and checked < asked:
+        reasons.append(f"only {checked} of {asked} questions checked (answers resumed from a run with "
+                       "lossless.check=false?)")
+    if reasons and lcfg.get("fail_on_mismatch", True):
+        print("LOSSLESS CHECK FAILED: " + "; ".join(reasons), file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,170 @@
+"""A run's plan: its settings checked and resolved once for this machine (device, dtype, forward, host
+memory), where its results go, and the identity its answers carry (a resume or a reused AR run
+never mixes answers made with other settings, code, questions or threads)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from specbench.decoding.forward_choice import choose_forward
+from specbench.errors import SettingsError
+from specbench.inputs.models import resolve_device, resolve_dtype, run_dtype
+from specbench.registry import drafter_class
+from specbench.run.host_memory import apply_host_memory
+from specbench.run.results_io import read_json
+from specbench.run.settings import method_params, validate
+from specbench.timing import device_name
+
+
+def method_variant(cfg: dict) -> str:
+    """The method settings that differ from its defaults (its Settings dataclass), as a short directory
+    label ('' for the defaults), so `-m method.k=4,8` gives each setting its own results directory."""
+    defaults = drafter_class(cfg["method"]["name"]).parameters()
+    changed = {k: v for k, v in sorted(method_params(cfg).items()) if defaults.get(k, object()) != v}
+    if not changed:
+        return ""
+    label = ",".join(f"{k}={v}" for k, v in changed.items()).replace(" ", "")
+    if len(label) > 48 or not re.fullmatch(r"[\w.,=+-]+", label):  # inline trees, paths: a hash
+        label = hashlib.blake2b(json.dumps(changed, sort_keys=True).encode(), digest_size=4).hexdigest()
+    return "~" + label
+
+
+def results_dir_for(cfg: dict, method: str) -> Path:
+    if cfg["results_dir"] and method == cfg["method"]["name"]:
+        return Path(cfg["results_dir"])
+    t = cfg["task"]
+    subtasks = t.get("subtasks")
+    task = (t["name"] + (f"-{'+'.join([subtasks] if isinstance(subtasks, str) else subtasks)}" if subtasks else "")
+            + (f"-ps{t['per_subtask']}" if t.get("per_subtask") else "")
+            + (f"-l{t['limit']}" if t.get("limit") else ""))
+    filt = (f"-k{cfg['top_k']}" if cfg["top_k"] else "") + (
+        f"-p{cfg['top_p']:g}" if cfg["top_p"] < 1 else "")
+    rep = f"-r{cfg['repeat']}" if cfg["repeat"] else ""  # repeated runs: -r1, -r2, ...
+    # a half-precision run beside its float32 twin (a dtype sweep): -bf16, -fp16; float32 and auto
+    # keep the names every committed result has
+    rep = {"bfloat16": "-bf16", "float16": "-fp16"}.get(cfg.get("dtype"), "") + rep
+    variant = ""
+    if method == cfg["method"]["name"]:
+        variant = method_variant(cfg)
+        if method != "ar" and cfg["warmup_on"] != "builtin":  # AR learns nothing
+            variant += f"~warmup_on={cfg['warmup_on']}"
+    return (Path(cfg["results_root"]) / cfg["model"]["name"] / task
+            / f"{method}-t{cfg['temperature']:g}{filt}-m{cfg['max_new_tokens']}{rep}{variant}")
+
+
+_CODE_VERSION: str | None = None
+
+
+def code_version() -> str:
+    """A short hash of the specbench package's sources: answers resumed or reused come from the same
+    code. Chosen over the package version plus `git describe`: a version string does not change with an
+    edit, a describe needs git and a checkout (a pip install has neither) and says nothing of
+    uncommitted changes; hashing ~100 small files takes milliseconds, once per process."""
+    global _CODE_VERSION
+    if _CODE_VERSION is None:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+        _CODE_VERSION = h.hexdigest()[:12]
+    return _CODE_VERSION
+
+
+def file_sha256(path) -> str | None:
+    """The question file's contents' sha256 (None for a built-in task, or a file that is not there)."""
+    if not path or not Path(path).is_file():
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def identity(cfg: dict) -> dict:
+    return {
+        "model": cfg["model"]["name"], "model_path": cfg["model"].get("path"),
+        "task": cfg["task"]["name"], "task_path": cfg["task"].get("path"),
+        "subtasks": cfg["task"].get("subtasks"), "per_subtask": cfg["task"].get("per_subtask"),
+        "limit": cfg["task"].get("limit"), "max_new_tokens": cfg["max_new_tokens"],
+        "temperature": cfg["temperature"], "top_k": cfg["top_k"], "top_p": cfg["top_p"],
+        "dtype": cfg["dtype"], "device": str(cfg["device"]),
+        # a GPU's answers and timings are its own: an A100's AR never pairs with an H100's method
+        **({"device_name": cfg.get("device_name")} if str(cfg["device"]).startswith("cuda") else {}),
+        "seed": cfg["seed"],
+        # answers from the compiled forward are kept apart from eager ones (older runs: eager, no key)
+        **({"forward": cfg["forward"]} if cfg.get("forward", "eager") != "eager" else {}),
+        # the code, the questions' contents, whether answers were checked and the machine's thread count:
+        # a resume never mixes answers of another code, question file, check setting or thread count
+        "code_version": code_version(), "task_sha256": file_sha256(cfg["task"].get("path")),
+        "lossless_check": bool((cfg.get("lossless") or {}).get("check", True)),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def run_identity(cfg: dict) -> dict:
+    """What a run's own answers depend on: the shared settings (identity), the method and its
+    settings, and for a learning drafter what it warmed up on (AR's answers depend on neither)."""
+    method = cfg["method"]["name"]
+    ident = dict(identity(cfg), method=method, method_params=method_params(cfg))
+    if method != "ar":
+        ident["warmup_on"] = cfg["warmup_on"]
+    ident.update(drafter_class(method).resource_identity(method_params(cfg)))
+    return ident
+
+
+# Keys an identity gained after results were committed: an old run_config.json lacks them.
+NEWER_IDENTITY_KEYS = ("code_version", "task_sha256", "lossless_check", "threads")
+
+
+def check_identity(path: Path, ident: dict, config_file: str = "run_config.json", *,
+                   missing_ok: bool = False) -> None:
+    """Refuse a directory whose answers were made with other settings than `ident`.
+
+    A key an old identity lacks (NEWER_IDENTITY_KEYS: results committed before they existed) is a
+    difference too, so a resume never mixes answers of unknown code, questions or threads with new
+    ones. `missing_ok`: such a key counts as 'unknown, accepted', for a caller that only reads finished
+    answers (baseline=reuse; the reports read committed results without any identity check)."""
+    cfg_file = path / config_file
+    if cfg_file.is_file():
+        old = read_json(cfg_file)["identity"]  # corrupt: one line naming the file (results.read_json)
+        diff = {k: (old.get(k), v) for k, v in ident.items() if old.get(k) != v
+                and not (missing_ok and k in NEWER_IDENTITY_KEYS and k not in old)}
+        if diff:
+            raise SettingsError(
+                f"{path} holds answers made with other settings {diff}; give another results_dir=... "
+                f"or delete that directory"
+            )
+
+
+def prepared_settings(cfg: dict) -> dict:
+    """Every setting checked before anything loads, then what this machine makes of them: the device,
+    the forward it can run (forward_choice.py) and the names results record."""
+    cfg = dict(cfg)
+    if cfg["max_new_tokens"] is None:
+        cfg["max_new_tokens"] = cfg["task"]["max_new_tokens"]
+    validate(cfg)  # every setting, method settings included, before anything is loaded
+    torch.manual_seed(cfg["seed"])
+    device = resolve_device(cfg["device"])
+    cfg["device"] = str(device)
+    cfg["dtype"] = run_dtype(cfg["dtype"], device, cfg["model"])  # auto: by device and model (results name it)
+    cfg["forward"] = choose_run_forward(cfg, device, resolve_dtype(cfg["dtype"]))
+    cfg["host_memory"] = apply_host_memory(cfg.get("host_memory", "keep"))  # what is in effect
+    cfg["device_name"] = device_name(device)
+    return cfg
+
+
+def choose_run_forward(cfg: dict, device, dtype) -> str:
+    """The forward this run gets on this machine (forward_choice.choose_forward), each step down from
+    what the settings ask for said in one line. A cost-curve file measured on the forward asked for
+    no longer fits a run that stepped down: it measures a quick curve on its own forward instead."""
+    choice = choose_forward(cfg["compile"], cfg["compile_products"], device, dtype)
+    for line in choice.warnings:
+        print(line, file=sys.stderr)
+    if choice.warnings and cfg["cost_curve"] not in (None, False, "auto", "off", "none"):
+        print(f"warning: cost_curve {cfg['cost_curve']} was measured on another forward: this run measures "
+              "a quick curve on its own", file=sys.stderr)
+        cfg["cost_curve"] = "auto"
+    return choice.name

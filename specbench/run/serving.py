@@ -1,0 +1,220 @@
+"""A serving run: the task's questions as concurrent requests (`batch_size=B` > 1 or `request_rate=`).
+
+Each question's first turn is one request (a later turn's prompt holds the model's own earlier
+answer, so it could only arrive once that answer is done: serving measurements take first turns, as
+SmartSpec does). At most `batch_size` decode together (continuous batching, decoding/batched.py),
+all waiting at t = 0 or arriving by a seeded Poisson process at `request_rate` per second.
+
+Side by side in one process, on the eager forward: batched AR on the same requests, batch size and
+arrivals (the speedup's baseline; `baseline=none` skips it), then the method, each after an untimed
+warm-up batch whose drafters are thrown away (nothing learnt there reaches a timed request). Each
+side is one timed unit, written atomically when it finishes; a rerun reuses a finished side. Outside
+the clock every request is checked as the single-request runner checks a question: against its
+batch-size-1 AR output (the single-request engine), and every emitted token against the target's
+choice within the rounding band (benchmark/lossless.py).
+
+Files: <results_root>/<model>/<task>/serving/<method>-t0-m<M>-b<B>[-rps<rate>][-goodput][-bf16|-fp16][~settings]/
+serving_config.json, ar_batch.json, method_batch.json (per request: tokens, times, accept lengths),
+summary.json; and serving/serving.md, the table of every serving run beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specbench.run import lossless
+from specbench.run.results_io import make_directory, read_json, write_json_atomic, write_text_atomic
+from specbench.run.run_lock import lock_run_directory
+from specbench.run.serving_metrics import poisson_arrivals, serving_figures
+from specbench.run.plan import check_identity, identity, prepared_settings, results_dir_for
+from specbench.run.settings import method_params
+from specbench.run.target import load_engine, run_cost_curve
+from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
+from specbench.drafter import Target
+from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost
+from specbench.inputs.chat import prompt_ids
+from specbench.inputs.models import resolve_dtype
+from specbench.inputs.tasks import WARMUP_QUESTION, load_task
+from specbench.registry import build_drafter, drafter_class
+
+
+SERVING_CONFIG = "serving_config.json"  # not run_config.json: the single-request tables skip these directories
+
+
+def serving_dir(cfg: dict) -> Path:
+    """The run's directory: the single-request run's name under serving/, with the load it was given."""
+
+    if cfg["results_dir"]:
+        return Path(cfg["results_dir"])
+    single = results_dir_for(cfg, cfg["method"]["name"])
+    name, _, variant = single.name.partition("~")
+    load = f"-b{cfg['batch_size']}" + (f"-rps{cfg['request_rate']:g}" if cfg["request_rate"] is not None else "")
+    spec = "-goodput" if cfg["batch_speculation"] == "goodput" else ""
+    return single.parent / "serving" / (name + load + spec + (f"~{variant}" if variant else ""))
+
+
+def serving_identity(cfg: dict) -> dict:
+
+    return dict(identity(cfg), method=cfg["method"]["name"], method_params=method_params(cfg),
+                batch_size=cfg["batch_size"], request_rate=cfg["request_rate"],
+                batch_speculation=cfg["batch_speculation"])
+
+
+def run_serving(cfg: dict) -> dict:
+    """Both sides timed, every output checked, summary written and printed. Returns the summary."""
+
+    cfg = dict(cfg)
+    eager_by_choice = cfg["compile"] == "auto"
+    if eager_by_choice:  # the compiled forward's static cache holds one request (compile=on is refused)
+        cfg["compile"] = "off"
+    cfg = prepared_settings(cfg)  # every setting checked before anything loads
+    if eager_by_choice:
+        print("note: batched runs use the eager forward", file=sys.stderr)
+    out_dir = make_directory(serving_dir(cfg))
+    lock = lock_run_directory(out_dir)  # one run per directory, held until this run returns
+    try:
+        return _serve(cfg, out_dir)
+    finally:
+        lock.release()
+
+
+def _serve(cfg: dict, out_dir: Path) -> dict:
+
+    ident = serving_identity(cfg)
+    check_identity(out_dir, ident, SERVING_CONFIG)
+    write_json_atomic(out_dir / SERVING_CONFIG, {"identity": ident, "config": cfg})
+
+    device, method = torch.device(cfg["device"]), cfg["method"]["name"]
+    model, tok, engine = load_engine(cfg, device, resolve_dtype(cfg["dtype"]))
+    questions = load_task(cfg["task"])
+    template = cfg["model"]["chat_template"]
+    prompts = [prompt_ids(tok, [{"role": "user", "content": q.turns[0]}], template) for q in questions]
+    arrivals = poisson_arrivals(len(prompts), cfg["request_rate"], cfg["seed"])
+    curve = run_cost_curve(cfg, model, engine)
+    target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=device, model=model,
+                    model_name=cfg["model"]["name"], dtype_name=cfg["dtype"], hardware_curve=curve)
+    cls = drafter_class(method)
+    build = lambda: cls(target, cls.Settings(**method_params(cfg)))  # noqa: E731
+    batched = BatchedEngine(model, engine.eos)
+    policy = lambda: FixedSpeculation()  # noqa: E731
+    if cfg["batch_speculation"] == "goodput":
+        cost = batch_cost(out_dir, model, cfg["batch_size"])
+        policy = lambda: BatchGoodput(cost)  # noqa: E731
+
+    def timed(build_drafter_, name: str) -> dict:
+        path = out_dir / f"{name}_batch.json"
+        if path.is_file():  # finished before an interruption: its timing stands
+            return read_json(path)  # a request missing from it fails the check (check_requests)
+        warm = [Request(prompt_ids(tok, [{"role": "user", "content": WARMUP_QUESTION.turns[0]}], template),
+                        cfg["max_new_tokens"], DrafterPool(build_drafter_))] * min(2, cfg["batch_size"])
+        for _ in range(min(cfg["warmup"], 1)):
+            batched.generate(warm, cfg["batch_size"], policy())
+        pool = DrafterPool(build_drafter_)  # fresh drafters: the warm-up's learning is thrown away
+        chosen = policy()
+        result = batched.generate([Request(p, cfg["max_new_tokens"], pool, None, a)
+                                   for p, a in zip(prompts, arrivals, strict=True)], cfg["batch_size"], chosen)
+        margin = {"min_gain": chosen.min_gain} if isinstance(chosen, BatchGoodput) and name == "method" else {}
+        side = {"figures": serving_figures(result), "policy": cfg["batch_speculation"] if name == "method" else "fixed",
+                **margin,
+                "requests": [dict(dataclasses.asdict(r), question_id=q.question_id)
+                             for r, q in zip(result.records, questions, strict=True)],
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        write_json_atomic(path, side)
+        return side
+
+    with_ar = method != "ar" and cfg["baseline"] != "none"
+    ar_side = timed(lambda: build_drafter("ar"), "ar") if with_ar or method == "ar" else None
+    side = ar_side if method == "ar" else timed(build, "method")
+    checks = check_requests(cfg, model, engine, prompts, questions, side["requests"]) if cfg["lossless"]["check"] else []
+    summary = serving_summary(cfg, side, ar_side if with_ar else None, checks)
+    summary["results_dir"] = str(out_dir)
+    write_json_atomic(out_dir / "summary.json", summary)
+    print(serving_table([summary]))
+    print(f"results: {out_dir}")
+    write_serving_table(out_dir.parent)
+    return summary
+
+
+def batch_cost(out_dir: Path, model, batch_size: int) -> BatchCost:
+    """t(B, R) for the goodput policy, measured once per run directory (untimed) up to its batch size."""
+    path = out_dir / "batch_cost.json"
+    if path.is_file():
+        return BatchCost.load(path)
+    batches = sorted({1, batch_size} | {b for b in (2, 4, 8, 16, 32, 64) if b < batch_size})
+    return BatchCost.load(measure_batch_cost(model, batches=tuple(batches)).save(path))
+
+
+def check_requests(cfg: dict, model, engine, prompts, questions, requests: list[dict]) -> list[dict]:
+    """Each request against its batch-size-1 AR output, and every emitted token against the target's choice.
+    A question without its request, or a request of no question, is a mismatch (nothing is skipped)."""
+    checks = []
+    by_id = {r.get("question_id"): r for r in requests}
+    asked = {q.question_id for q in questions}
+    for stray in [r for r in requests if r.get("question_id") not in asked]:
+        checks.append(missing_request(stray.get("question_id"), "a request of no question in this run's task"))
+    for p, q in zip(prompts, questions, strict=True):
+        r = by_id.get(q.question_id)
+        if r is None:
+            checks.append(missing_request(q.question_id, "no request recorded for this question"))
+            continue
+        ref = engine.generate(p, build_drafter("ar"), cfg["max_new_tokens"]).tokens
+        ar_rec = {"turns": [{"prompt_ids": p, "token_ids": ref}]}
+        rec = {"turns": [{"prompt_ids": p, "token_ids": r["tokens"]}]}
+        c = lossless.compare_question(model, ar_rec, rec, cfg["dtype"], None, q.question_id)
+        c["tokens"] = lossless.check_tokens(model, rec, cfg["dtype"], None, q.question_id)
+        checks.append(dict(c, question_id=q.question_id))
+    return checks
+
+
+def missing_request(question_id, why: str) -> dict:
+    """The check of a request that is missing (or has no question): a mismatch, counted and reported."""
+    nothing = {"tokens_checked": 0, "tokens_equal": 0, "tokens_numeric": 0, "tokens_outside_band": 0,
+               "first_outside": None}
+    return {"status": "mismatch", "reason": why, "question_id": question_id, "tokens": nothing}
+
+
+def serving_summary(cfg: dict, side: dict, ar_side: dict | None, checks: list[dict]) -> dict:
+    fig, base = side["figures"], (ar_side or {}).get("figures")
+    return {
+        "method": cfg["method"]["name"], "method_params": method_params(cfg), "model": cfg["model"]["name"],
+        "task": cfg["task"]["name"], "dtype": cfg["dtype"], "device": cfg["device_name"], "forward": cfg["forward"],
+        "host_memory": cfg["host_memory"],
+        "max_new_tokens": cfg["max_new_tokens"], "batch_size": cfg["batch_size"],
+        "request_rate": cfg["request_rate"], "batch_speculation": cfg["batch_speculation"], **fig,
+        "baseline_throughput": base["throughput"] if base else None,
+        "speedup": round(fig["throughput"] / base["throughput"], 3) if base else None,
+        "latency_speedup": round(base["latency_mean"] / fig["latency_mean"], 3) if base else None,
+        "baseline_latency_mean": base["latency_mean"] if base else None,
+        "lossless": lossless.tally(checks),
+        "lossless_details": [c for c in checks if c["status"] != "exact" or c["tokens"]["tokens_outside_band"]],
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def serving_table(summaries: list[dict]) -> str:
+    rows = ["| method | B | rate (req/s) | speculation | tok/s | speedup | MAT | latency mean / p50 / p99 (s) "
+            "| TPOT ms | lossless |", "|---|---:|---:|---|---:|---:|---:|---|---:|---|"]
+    for s in summaries:
+        sp = f"{s['speedup']:.2f}x" if s.get("speedup") else "-"
+        rows.append(f"| {s['method']} | {s['batch_size']} | {s['request_rate'] if s['request_rate'] else '-'} | "
+                    f"{s['batch_speculation']} | {s['throughput']:.1f} | {sp} | {s['mat']:.2f} | "
+                    f"{s['latency_mean']:.2f} / {s['latency_p50']:.2f} / {s['latency_p99']:.2f} | {s['tpot_ms']} | "
+                    f"{lossless.verdict_line(s['lossless']) if s['lossless']['checked'] else 'unchecked'} |")
+    return "\n".join(rows)
+
+
+def write_serving_table(serving_root: Path) -> None:
+    """serving.md: every finished serving run under serving_root, by method, batch size and rate."""
+    found = [read_json(p) for p in sorted(serving_root.glob("*/summary.json"))]
+    found.sort(key=lambda s: (s["method"] != "ar", s["method"], s["request_rate"] or 0, s["batch_size"],
+                              s["batch_speculation"]))
+    if found:
+        write_text_atomic(serving_root / "serving.md",
+                          "# Serving runs\n\nSpeedup: throughput over batched AR's, measured in the same run. "
+                          "Latency: finish - arrival.\n\n" + serving_table(found) + "\n")
+

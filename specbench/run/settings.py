@@ -1,0 +1,172 @@
+"""A run's settings, all checked before anything is loaded (model, datastore, Medusa heads, cost curve).
+
+`validate` raises a SpecbenchError (specbench/errors.py) naming the problem and the fix; run.py
+prints it as one `error: ...` line and exits 2. Method settings are checked by the method itself
+(`Drafter.check_settings`), with the same code its constructor uses; the model, task and cost-curve
+checks are likewise the ones their loaders run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specbench.decoding.forward_choice import planned_forward
+from specbench.environment import check_environment
+from specbench.errors import InputError, SettingsError
+from specbench.speculation.cost import load_curve_file
+from specbench.run.host_memory import HOST_MEMORY
+from specbench.inputs.models import check_model_config, resolve_device, resolve_dtype, run_dtype
+from specbench.inputs.tasks import load_task
+from specbench.registry import drafter_class
+
+BASELINES = ("interleave", "reuse", "shared", "none")
+NOT_SET = "???"  # OmegaConf's mark for a mandatory value (model.path of model=hf, task.path of task=jsonl)
+
+
+# builtin: a prompt in no task, then every drafter reset; first_question: Spec-Bench's protocol
+WARMUP_ON = ("builtin", "first_question")
+
+
+def _profile_flags(forward: str) -> str:
+    return {"eager": "", "compiled": " --compile --products inductor", "compiled-packed": " --compile"}[forward]
+
+
+def forward_name(cfg: dict, device) -> str:
+    """The target forward the settings ask for on this kind of machine (forward_choice.planned_forward):
+    `eager`; `compiled` (inductor's own matrix products on CPU, CUDA graphs on a GPU); `compiled-packed`
+    (the CPU compiled forward with our packed kernel for the products). What a run gets can be less,
+    where this machine cannot build what the plan needs (forward_choice.choose_forward)."""
+    try:
+        return planned_forward(cfg["compile"], cfg["compile_products"], device,
+                               resolve_dtype(run_dtype(cfg["dtype"], device, cfg["model"])))
+    except ValueError as e:
+        raise SettingsError(str(e)) from None
+
+
+def method_params(cfg: dict) -> dict:
+    return {k: v for k, v in cfg["method"].items() if k != "name"}
+
+
+def validate(cfg: dict) -> None:
+    """Every setting of a run (the runner's config, max_new_tokens filled in from the task)."""
+    check_environment()
+    _check_all_set(cfg)
+    method = drafter_class(cfg["method"]["name"])  # an unknown name is refused with the valid ones
+    if _number(cfg["max_new_tokens"], "max_new_tokens", integer=True) < 1:
+        raise SettingsError(f"max_new_tokens must be at least 1, got {cfg['max_new_tokens']}")
+    if _number(cfg["warmup"], "warmup", integer=True) < 0:
+        raise SettingsError(f"warmup must be 0 or more, got {cfg['warmup']}")
+    if _number(cfg["temperature"], "temperature") < 0:
+        raise SettingsError(f"temperature must be 0 (greedy) or positive, got {cfg['temperature']}")
+    if not 0 < _number(cfg["top_p"], "top_p") <= 1:
+        raise SettingsError(f"top_p must be in (0, 1] (1 = off), got {cfg['top_p']}")
+    if _number(cfg["top_k"], "top_k", integer=True) < 0:
+        raise SettingsError(f"top_k must be 0 (off) or positive, got {cfg['top_k']}")
+    _number(cfg["seed"], "seed", integer=True)
+    if _number(cfg["repeat"] or 0, "repeat", integer=True) < 0:
+        raise SettingsError(f"repeat must be 0 (a single run) or a positive run number, got {cfg['repeat']}")
+    if cfg["warmup_on"] not in WARMUP_ON:
+        raise SettingsError(f"warmup_on must be one of {', '.join(WARMUP_ON)}, got '{cfg['warmup_on']}'")
+    if cfg.get("host_memory", "keep") not in HOST_MEMORY:
+        raise SettingsError(f"host_memory must be keep or system, got '{cfg['host_memory']}'")
+    if cfg["baseline"] not in BASELINES:
+        raise SettingsError(f"baseline must be interleave, reuse, shared or none, got '{cfg['baseline']}'")
+    check_serving(cfg)
+    device = resolve_device(cfg["device"])
+    dtype_name = run_dtype(cfg["dtype"], device, cfg["model"])
+    check_cost_curve(cfg, forward_name(cfg, device))
+    check_model_config(cfg["model"])
+    check_context_length(cfg["model"], cfg["max_new_tokens"])
+    method.check_settings(method_params(cfg), {"model_name": cfg["model"]["name"], "device": cfg["device"],
+                                               "dtype_name": dtype_name})
+    for key in ("per_subtask", "limit"):
+        if cfg["task"].get(key) is not None:
+            _number(cfg["task"][key], f"task.{key}", integer=True)
+    load_task(cfg["task"])  # the question file: there and well-formed (file and line named)
+
+
+def model_context_length(model_cfg: dict) -> int | None:
+    """The positions the model was trained for, known before loading: the model config's
+    `context_length` (the embedded GGUF models), else max_position_embeddings of a local directory's
+    config.json; None when neither says (the engine checks once the model has loaded)."""
+    if model_cfg.get("context_length"):
+        return int(model_cfg["context_length"])
+    path = model_cfg.get("path")
+    if not path or model_cfg.get("gguf") or not Path(str(path), "config.json").is_file():
+        return None
+    try:
+        conf = json.loads(Path(str(path), "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the loader says what is wrong with it
+    n = conf.get("max_position_embeddings") or (conf.get("text_config") or {}).get("max_position_embeddings")
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def check_context_length(model_cfg: dict, max_new_tokens: int) -> None:
+    """max_new_tokens must leave room in the model's context for the prompt."""
+    n = model_context_length(model_cfg)
+    if n is not None and max_new_tokens >= n:
+        raise InputError(f"max_new_tokens={max_new_tokens} is beyond the context of model {model_cfg['name']} "
+                         f"({n} positions, prompt included); set max_new_tokens below {n}")
+
+
+BATCH_SPECULATION = ("fixed", "goodput")
+
+
+def is_serving_run(cfg: dict) -> bool:
+    """Concurrent requests (benchmark/batched_run.py) rather than one question at a time."""
+    return cfg.get("batch_size", 1) > 1 or cfg.get("request_rate") is not None
+
+
+def check_serving(cfg: dict) -> None:
+    """batch_size, request_rate, batch_speculation, and what a batched run cannot do yet."""
+    if _number(cfg.get("batch_size", 1), "batch_size", integer=True) < 1:
+        raise SettingsError(f"batch_size must be at least 1, got {cfg['batch_size']}")
+    rate = cfg.get("request_rate")
+    if rate is not None and _number(rate, "request_rate") <= 0:
+        raise SettingsError(f"request_rate must be positive (requests per second) or null, got {rate}")
+    if cfg.get("batch_speculation", "fixed") not in BATCH_SPECULATION:
+        raise SettingsError(f"batch_speculation must be fixed or goodput, got '{cfg['batch_speculation']}'")
+    if not is_serving_run(cfg):
+        return
+    if cfg["temperature"] != 0:
+        raise SettingsError("batched runs (batch_size > 1 or request_rate) decode greedily; set temperature=0")
+    if str(cfg["compile"]) in ("on", "true", "True"):
+        raise SettingsError("batched runs use the eager forward (the compiled one's static cache holds one "
+                            "request); set compile=off or auto")
+    if cfg["baseline"] not in ("interleave", "none"):
+        raise SettingsError(f"batched runs time batched AR beside the method in the same process; set "
+                            f"baseline=interleave (or none), got '{cfg['baseline']}'")
+
+
+def check_cost_curve(cfg: dict, forward: str) -> None:
+    """A cost-curve file must have been measured on the forward the run uses."""
+    curve = cfg["cost_curve"]
+    if curve in (None, False, "auto", "off", "none"):  # as run_cost_curve reads it
+        return
+    if not isinstance(curve, str):
+        raise SettingsError(f"cost_curve must be auto, off or a curve JSON path, got {curve!r}")
+    measured_on = load_curve_file(curve).forward
+    if measured_on != forward:
+        raise SettingsError(
+            f"cost_curve {curve}: measured on the {measured_on} forward, but this run uses the {forward} "
+            f"one; profile it with scripts/profile_cost.py{_profile_flags(forward)} --out <file>, or set "
+            f"compile={'off' if measured_on == 'eager' else 'on'}"
+            + (f" compile_products={'packed' if measured_on == 'compiled-packed' else 'inductor'}"
+               if measured_on != 'eager' else ""))
+
+
+def _number(value, name: str, integer: bool = False):
+    """`value`, refused unless it is a number (an integer with `integer`)."""
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise SettingsError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    return value
+
+
+def _check_all_set(cfg: dict, prefix: str = "") -> None:
+    for key, value in cfg.items():
+        if isinstance(value, dict):
+            _check_all_set(value, f"{prefix}{key}.")
+        elif value == NOT_SET:
+            raise SettingsError(f"{prefix}{key} is not set; give it on the command line: {prefix}{key}=...")

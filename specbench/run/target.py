@@ -1,0 +1,45 @@
+"""The run's target: the model and its engine, loaded once per process (a Hydra multirun loads the
+weights and compiles the forward once, not once per job), the sampler, and the cost curve behind
+the speedup bound."""
+
+from __future__ import annotations
+
+from specbench.decoding.engine import Engine
+from specbench.decoding.forward_choice import ForwardChoice
+from specbench.decoding.sampling import PositionSampler
+from specbench.inputs.models import eos_token_ids, load_model
+from specbench.speculation import cost
+
+
+def make_sampler(cfg: dict) -> PositionSampler | None:
+    if cfg["temperature"] == 0:
+        return None
+    return PositionSampler(cfg["temperature"], cfg["top_k"], cfg["top_p"], cfg["seed"])
+
+
+def run_cost_curve(cfg: dict, model, engine: Engine | None = None) -> cost.CostCurve | None:
+    """The cost curve behind the run's speedup bound: `cost_curve=auto` takes the profiled one cached
+    for this model, device, dtype and forward, else measures a quick one (seconds); `off` none; else
+    a file, measured on the run's forward (eager or compiled)."""
+    setting = cfg["cost_curve"]
+    if setting in (None, False, "off", "none"):
+        return None
+    # a curve file was checked against the run's forward in validate(); auto measures on the engine's own
+    return cost.resolve_curve(setting, model, cfg["model"]["name"], cfg["dtype"], engine=engine)
+
+
+# The last model loaded in this process with its engine: a Hydra multirun (one process) loads the
+# weights and compiles the forward once, not once per job.
+_LOADED: dict = {}
+
+
+def load_engine(cfg: dict, device, dtype):
+    """(model, tokenizer, engine) for the run, reusing the previous job's when model and forward match."""
+    key = (repr(sorted(cfg["model"].items())), str(device), str(dtype), cfg["forward"])
+    if key not in _LOADED:
+        _LOADED.clear()
+        model, tok = load_model(cfg["model"], device, dtype)
+        _LOADED[key] = (model, tok, Engine(model, eos_token_ids(model, tok),
+                                           compiled=cfg["forward"] != "eager",
+                                           products=ForwardChoice(cfg["forward"]).products))
+    return _LOADED[key]

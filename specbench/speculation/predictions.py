@@ -1,0 +1,153 @@
+"""Predicted speedups of each method on a cost curve: MAT x t(1) / t(rows per step).
+
+Two sources of (MAT, rows per step):
+
+- published: the MATs in results/published/ (Spec-Bench's A100 leaderboard, the Token Recycling paper's
+  table) for the Vicuna model of the curve's shape. Rows per step where the published setting fixes
+  them (`PUBLISHED_ROWS`: TR's 80-node tree + root, Medusa's mc_sim_7b_63, EAGLE-2's total_token);
+  else the mean rows of this harness's committed run of the same method (`HARNESS_METHODS`), named in
+  the row; else none (no prediction). The published speedup (A100) stands beside the prediction.
+- traces: this harness's committed CPU runs (`CURRENT_TRACES`, results/README.md), replayed step by
+  step on the curve with `cost.run_bound` (each step's rows and accepted length). Their MATs are
+  SmolLM2-135M's; methods that size their draft to a curve (tr_adaptive, tr_fused, EAGLE-2's
+  dynamic tree) keep the rows they chose for the CPU's curve.
+
+The prediction counts target forwards only (as `run_bound`): drafting is free in it, SpS's draft model
+and EAGLE's head included. AR is left out (1 by definition).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from specbench.speculation.cost import CostCurve, run_bound
+
+ROOT = Path(__file__).resolve().parents[2]
+PUBLISHED_DIR = ROOT / "results" / "published"
+
+# source label -> file in results/published/
+PUBLISHED_FILES = {"Spec-Bench A100": "specbench_leaderboard_a100.csv",
+                   "TR paper A100": "token_recycling_paper_table.csv"}
+
+# The published model each real shape is.
+PUBLISHED_MODELS = {"vicuna-7b": "vicuna-7b-v1.3", "vicuna-13b": "vicuna-13b-v1.3"}
+
+# Rows per step where the published setting fixes them: (rows, why).
+PUBLISHED_ROWS = {
+    "tr": (81, "published: 80-node tree + root"),
+    "medusa": (64, "published: mc_sim_7b_63, 63 nodes + root"),
+    "eagle2": (60, "published: total_token 59 + root"),
+}
+
+# Published method name -> this harness's method of the same algorithm (for rows from its runs).
+HARNESS_METHODS = {"tr": "tr", "medusa": "medusa", "eagle2": "eagle", "pld": "pld", "rest": "rest",
+                   "lookahead": "lookahead", "sps": "sps"}
+
+# The current committed CPU sweeps (results/README.md); where two hold a method, the first wins.
+CURRENT_TRACES = ("results/cpu-packed", "results/cpu-new-baselines", "results/cpu-eagle")
+
+
+def predicted_speedup(curve: CostCurve, mat: float, rows: float) -> float:
+    """MAT x t(1) / t(rows): the speedup of a method verifying `rows` per step at `mat` tokens per step."""
+    return mat * curve.t(1) / curve.t(rows)
+
+
+def read_published(path: str | Path) -> list[dict]:
+    """The rows of a results/published/ CSV (comment lines start with '#')."""
+    lines = [line for line in Path(path).read_text().splitlines() if line and not line.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def read_traces(folders=CURRENT_TRACES, root: Path = ROOT) -> dict[str, tuple[list[dict], str]]:
+    """method -> (its answers.jsonl records, run directory relative to `root`), from greedy runs
+    (`-t0-`) under `folders`; the first folder holding a method wins, AR is left out."""
+    traces: dict[str, tuple[list[dict], str]] = {}
+    for folder in folders:
+        for answers in sorted((root / folder).glob("**/answers.jsonl")):
+            if "-t0-" not in answers.parent.name:
+                continue
+            records = [json.loads(line) for line in answers.read_text().splitlines() if line.strip()]
+            method = records[0]["method"] if records else None
+            if method and method != "ar" and method not in traces:
+                traces[method] = (records, str(answers.parent.relative_to(root)))
+    return traces
+
+
+def trace_mean_rows(records: list[dict]) -> float | None:
+    """Mean rows per verification forward over a run's turns (None without `step_rows`)."""
+    rows = [w for r in records for t in r["turns"] for w in t.get("step_rows", [])]
+    return sum(rows) / len(rows) if rows else None
+
+
+def published_rows_per_step(method: str, traces: dict) -> tuple[float | None, str]:
+    """(rows per step, where they come from) for a published method."""
+    if method in PUBLISHED_ROWS:
+        return PUBLISHED_ROWS[method]
+    ours = HARNESS_METHODS.get(method)
+    if ours in traces:
+        records, run = traces[ours]
+        rows = trace_mean_rows(records)
+        if rows is not None:
+            return rows, f"harness run {run} (mean)"
+    return None, "not published, no harness run"
+
+
+def published_predictions(curve: CostCurve, shape: str, traces: dict,
+                          published_dir: Path = PUBLISHED_DIR) -> list[dict]:
+    """One row per published method for the Vicuna model of `shape` (a real shape: none for others)."""
+    model = PUBLISHED_MODELS.get(shape)
+    if model is None:
+        return []
+    out = []
+    for source, file in PUBLISHED_FILES.items():
+        for p in read_published(published_dir / file):
+            if p["model"] != model or p["method"] == "ar":
+                continue
+            mat = float(p["mat"])
+            rows, rows_from = published_rows_per_step(p["method"], traces)
+            out.append({"method": p["method"], "source": f"{source} ({model})", "mat": mat, "mean_rows": rows,
+                        "rows_from": rows_from,
+                        "predicted": None if rows is None else predicted_speedup(curve, mat, rows),
+                        "published": float(p["overall_speedup"])})
+    return out
+
+
+def trace_predictions(curve: CostCurve, traces: dict) -> list[dict]:
+    """One row per harness run: its steps replayed on `curve` (`cost.run_bound`)."""
+    out = []
+    for method, (records, run) in traces.items():
+        bound = run_bound(curve, records)
+        if bound is None:
+            continue
+        acc = [a for r in records for t in r["turns"] for a in t["accept_lengths"]]
+        out.append({"method": method, "source": f"trace {run}", "mat": sum(acc) / len(acc),
+                    "mean_rows": bound["mean_rows"], "rows_from": "trace, step by step",
+                    "predicted": bound["bound"], "published": None})
+    return out
+
+
+def predictions(curve: CostCurve, shape: str, folders=CURRENT_TRACES, root: Path = ROOT,
+                published_dir: Path = PUBLISHED_DIR) -> list[dict]:
+    """Published rows for `shape`'s Vicuna model (a tiny shape: the real shape it stands in for),
+    then the harness's traces, each with its predicted speedup on `curve`."""
+    from specbench.speculation.shapes import real_shape
+
+    traces = read_traces(folders, root)
+    return (published_predictions(curve, real_shape(shape), traces, published_dir)
+            + trace_predictions(curve, traces))
+
+
+def _fmt(x, spec: str, unit: str = "") -> str:
+    return "-" if x is None else format(x, spec) + unit
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The prediction rows as a markdown table."""
+    lines = ["| method | source | MAT | rows/step | rows from | predicted | published |",
+             "|---|---|---:|---:|---|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['source']} | {r['mat']:.2f} | {_fmt(r['mean_rows'], '.1f')} | "
+                     f"{r['rows_from']} | {_fmt(r['predicted'], '.2f', 'x')} | {_fmt(r['published'], '.2f', 'x')} |")
+    return "\n".join(lines)

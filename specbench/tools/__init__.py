@@ -1,0 +1,1 @@
+"""Research tools that no run needs: the device-sync audit, the kernel profile, the tree tuning."""
