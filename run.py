@@ -12,7 +12,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.run.main import main_exit_code, run_benchmark
+from specbench.main import main_exit_code, run_benchmark
 from specbench.errors import SettingsError, SpecbenchError
 
 CONF = Path(__file__).resolve().parent / "conf"

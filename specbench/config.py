@@ -120,3 +120,11 @@ def with_defaults(schema: type, given: dict) -> dict:
     defaults = {f.name: f.default for f in dataclasses.fields(schema)
                 if f.default is not dataclasses.MISSING and f.default != MISSING}
     return {**defaults, **given}
+
+
+def typed(schema: type, given):
+    """`given` (a dict from Hydra or written by hand, or already a `schema`) as a `schema` instance, the
+    keys it leaves out at the schema's defaults: the loaders read attributes, never restate a default."""
+    if isinstance(given, schema):
+        return given
+    return schema(**with_defaults(schema, dict(given or {})))

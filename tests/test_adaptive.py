@@ -227,7 +227,7 @@ def test_run_with_adaptive_tr_reports_rows_and_bound(real_model, tmp_path, capsy
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from specbench.run.main import run_benchmark
+    from specbench.main import run_benchmark
     from tests.test_config import CONF
 
     curve_file = curve({1: T1, 2: 0.070, 81: 0.3}).save(tmp_path / "curve.json")

@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specbench.errors import SettingsError
-from specbench.run.main import run_benchmark
+from specbench.main import run_benchmark
 from specbench.inputs.tasks import SUBTASKS, load_jsonl_questions, load_task
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")

@@ -23,7 +23,7 @@ import torch
 from specbench.run import lossless
 from specbench.config import LosslessConfig
 from specbench.run.rounding_band import load_or_measure, row_band
-from specbench.run.main import main_exit_code
+from specbench.main import main_exit_code
 from specbench.decoding.engine import Engine
 from specbench.decoding.verify import accepted_path
 from specbench.inputs.chat import prompt_ids
@@ -240,7 +240,7 @@ def test_ar_and_the_method_alternate_who_goes_first(tmp_path):
     from specbench.run import baselines, single as runner
     order = []
 
-    class FakeRun(runner.Run):
+    class FakeRun(runner.RunInProgress):
         def answer(self, drafter, q):
             order.append((q.question_id, drafter))
             return {"question_id": q.question_id, "subtask": q.subtask, "category": q.category,

@@ -56,7 +56,7 @@ def test_run_writes_answers_summary_and_resumes(real_model, tmp_path, capsys):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from specbench.run.main import run_benchmark
+    from specbench.main import run_benchmark
     from tests.test_config import CONF
 
     with initialize_config_dir(config_dir=CONF, version_base=None):
@@ -85,7 +85,7 @@ def test_run_at_temperature_is_exact_and_reproducible(real_model, tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from specbench.run.main import run_benchmark
+    from specbench.main import run_benchmark
     from tests.test_config import CONF
 
     def run(d):

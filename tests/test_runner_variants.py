@@ -7,7 +7,7 @@ import pytest
 
 from specbench.errors import SettingsError
 from specbench.run.plan import check_identity, method_variant, results_dir_for
-from specbench.run.main import main_exit_code
+from specbench.main import main_exit_code
 from tests.test_config import cfg
 
 
@@ -59,7 +59,7 @@ def test_typical_medusa_is_marked_lossy_and_never_fails_the_run(real_model, tmp_
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from specbench.run.main import run_benchmark
+    from specbench.main import run_benchmark
     from tests.test_config import CONF
 
     with initialize_config_dir(config_dir=CONF, version_base=None):

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specbench.run.main import main_exit_code, run_benchmark
+from specbench.main import main_exit_code, run_benchmark
 from specbench.run.serving_metrics import poisson_arrivals, serving_figures
 from specbench.decoding.batched import BatchResult, BatchStep, DrafterPool, RequestRecord
 from specbench.drafter import Drafter

@@ -46,10 +46,10 @@ def named_model_config(name: str, path: str | None = None) -> dict:
 
     loaded = OmegaConf.load(file)
     loaded.pop("defaults", None)  # the schema it names, merged here as Hydra merges it
-    cfg = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(ModelConfig), loaded))
+    model = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(ModelConfig), loaded))
     if path:
-        cfg["path"] = path
-    return cfg
+        model["path"] = path
+    return model
 
 
 def add_model_arguments(ap) -> None:
@@ -64,12 +64,12 @@ def load_model_from_arguments(ap, args):
     """(model config, model, tokenizer, device, dtype) from `add_model_arguments`' options; a bad name,
     device or dtype ends the script through `ap.error` (one line, exit 2) before anything loads."""
     try:
-        cfg = named_model_config(args.model, args.model_path)
+        model_cfg = named_model_config(args.model, args.model_path)
         device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
     except SettingsError as e:
         ap.error(str(e))
-    model, tokenizer = load_model(cfg, device, dtype)
-    return cfg, model, tokenizer, device, dtype
+    model, tokenizer = load_model(model_cfg, device, dtype)
+    return model_cfg, model, tokenizer, device, dtype
 
 
 def cache_root() -> Path:
@@ -103,18 +103,20 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 OVERFLOWS_FLOAT16 = ("gemma3",)
 
 
-def overflows_float16(model_cfg: dict | None) -> bool:
+def overflows_float16(model_cfg) -> bool:
     """Whether the model is of an architecture that overflows float16, by its config's name, path or
     GGUF file (a GGUF's own config cannot be read before loading) or, where readable, its architecture."""
-    cfg = model_cfg or {}
-    gguf = cfg.get("gguf") or {}
-    names = [cfg.get("name"), cfg.get("path"), gguf.get("file") if isinstance(gguf, dict) else None,
-             _published_architecture(cfg)]
+    if not model_cfg:
+        return False
+    model = _model_config(model_cfg)
+    gguf = model.gguf or {}
+    names = [model.name, model.path, gguf.get("file") if isinstance(gguf, dict) else None,
+             _published_architecture(model)]
     plain = " ".join(re.sub(r"[-_. ]", "", str(n).lower()) for n in names if n)
     return any(arch in plain for arch in OVERFLOWS_FLOAT16)
 
 
-def run_dtype(setting: str, device, model_cfg: dict | None) -> str:
+def run_dtype(setting: str, device, model_cfg) -> str:
     """The dtype a run uses, by name. `auto`: float32 on the CPU (the lossless reference, and what
     CPUs without half-precision units run fastest); on a GPU the dtype the model's weights were
     published in (Vicuna: float16; a 33B model in float32 fits no single GPU), float16 when its
@@ -125,15 +127,24 @@ def run_dtype(setting: str, device, model_cfg: dict | None) -> str:
         return setting
     if torch.device(device).type == "cpu":
         return "float32"
-    own = _published_dtype(model_cfg or {})
+    own = _published_dtype(_model_config(model_cfg)) if model_cfg else None
     chosen = own if own in DTYPES else "float16"
     return "bfloat16" if chosen == "float16" and overflows_float16(model_cfg) else chosen
 
 
-def _published_architecture(model_cfg: dict) -> str | None:
+def _model_config(model_cfg):
+    """A model config (dict or ModelConfig) as a ModelConfig; a partial dict takes the defaults."""
+    from specbench.config import ModelConfig, typed
+
+    if isinstance(model_cfg, dict) and "name" not in model_cfg:
+        model_cfg = dict(model_cfg, name="")
+    return typed(ModelConfig, model_cfg)
+
+
+def _published_architecture(model) -> str | None:
     """The model_type of a local model directory's config.json (read as JSON: no network, no import)."""
-    path = model_cfg.get("path")
-    if not path or model_cfg.get("gguf") or not Path(str(path), "config.json").is_file():
+    path = model.path
+    if not path or model.gguf or not Path(str(path), "config.json").is_file():
         return None
     import json
 
@@ -145,9 +156,9 @@ def _published_architecture(model_cfg: dict) -> str | None:
     return " ".join(str(x) for x in (conf.get("model_type"), text.get("model_type"), *(conf.get("architectures") or [])))
 
 
-def _published_dtype(model_cfg: dict) -> str | None:
-    path = model_cfg.get("path")
-    if not path or model_cfg.get("gguf"):
+def _published_dtype(model) -> str | None:
+    path = model.path
+    if not path or model.gguf:
         return None
     try:
         from transformers import AutoConfig
@@ -381,11 +392,9 @@ def check_model_config(cfg) -> None:
     """Refuse a model config that cannot load, before loading anything: no path, a local directory or
     GGUF file that is not there, an unknown chat template. Hub ids and PyPI wheels are checked when
     fetched."""
-    from specbench.config import ModelConfig, with_defaults
-
-    cfg = with_defaults(ModelConfig, cfg)
-    name, path, gguf = cfg["name"], cfg["path"], cfg["gguf"]
-    check_template(cfg["chat_template"])
+    model = _model_config(cfg)
+    name, path, gguf = model.name, model.path, model.gguf
+    check_template(model.chat_template)
     if gguf and path:
         _local_gguf_inputs(name, path, gguf)
     elif not (gguf and gguf.get("packages")):
@@ -437,13 +446,9 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype):
     """cfg: the model config (name, path, gguf). Returns (model, tokenizer), model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specbench.config import ModelConfig, with_defaults
-
     check_model_config(cfg)
-    cfg = with_defaults(ModelConfig, cfg)
-    name = cfg["name"]
-    path = cfg["path"]
-    gguf = cfg["gguf"]
+    model_cfg = _model_config(cfg)
+    name, path, gguf = model_cfg.name, model_cfg.path, model_cfg.gguf
     try:
         if gguf and gguf.get("packages") and not path:
             gguf_path = fetch_gguf_from_pypi(name, list(gguf["packages"]), list(gguf["members"]),

@@ -125,33 +125,33 @@ def select_per_subtask(questions: list[Question], n: int | None) -> list[Questio
 
 
 def load_task(cfg) -> list[Question]:
-    from specbench.config import TaskConfig, with_defaults
+    from specbench.config import TaskConfig, typed
 
-    cfg = with_defaults(TaskConfig, cfg)
-    kind = cfg["kind"]
+    task = typed(TaskConfig, cfg)
+    kind = task.kind
     if kind == "mini":
         questions = list(MINI)
     elif kind in ("spec_bench", "jsonl"):
-        if not cfg["path"]:
+        if not task.path:
             raise SettingsError(
-                f"task '{cfg['name']}' needs task.path=<question.jsonl> (or SPECBENCH_QUESTIONS=...); "
+                f"task '{task.name}' needs task.path=<question.jsonl> (or SPECBENCH_QUESTIONS=...); "
                 f"Spec-Bench's file is data/spec_bench/question.jsonl in the Spec-Bench repository"
             )
-        questions = load_jsonl_questions(cfg["path"])
+        questions = load_jsonl_questions(task.path)
     else:
         raise SettingsError(f"unknown task kind '{kind}'. Valid kinds: mini, spec_bench, jsonl")
-    wanted = cfg["subtasks"]
+    wanted = task.subtasks
     if wanted:
         wanted = [wanted] if isinstance(wanted, str) else list(wanted)
         present = sorted({q.subtask for q in questions})
         unknown = [s for s in wanted if s not in present]
         if unknown:
-            raise SettingsError(f"task.subtasks names {', '.join(unknown)}, which task '{cfg['name']}' does not "
+            raise SettingsError(f"task.subtasks names {', '.join(unknown)}, which task '{task.name}' does not "
                                 f"have. Valid subtasks: {', '.join(present)}")
         questions = [q for q in questions if q.subtask in wanted]
-    questions = select_per_subtask(questions, cfg["per_subtask"])
-    if cfg["limit"] is not None and cfg["limit"] < 1:
-        raise SettingsError(f"task.limit must be at least 1 (a number of questions; null: all), got {cfg['limit']}")
-    if cfg["limit"]:
-        questions = questions[: cfg["limit"]]
+    questions = select_per_subtask(questions, task.per_subtask)
+    if task.limit is not None and task.limit < 1:
+        raise SettingsError(f"task.limit must be at least 1 (a number of questions; null: all), got {task.limit}")
+    if task.limit:
+        questions = questions[: task.limit]
     return questions

@@ -91,8 +91,8 @@ def load_runs(root: str | Path) -> list[Run]:
 
 
 def run_meta(run: Run) -> dict:
-    ident, cfg, s = run.identity, run.config, run.summary or {}
-    task = ident.get("task") or cfg.get("task", {}).get("name")
+    ident, saved, s = run.identity, run.config, run.summary or {}  # as the run wrote them
+    task = ident.get("task") or saved.get("task", {}).get("name")
     if ident.get("per_subtask"):
         task = f"{task}-ps{ident['per_subtask']}"
     checks = [r["lossless"] for r in run.records if r.get("lossless", {}).get("status", "unchecked") != "unchecked"]
@@ -101,11 +101,11 @@ def run_meta(run: Run) -> dict:
         "model": ident.get("model"), "task": task, "temperature": ident.get("temperature"),
         "top_k": ident.get("top_k", 0), "top_p": ident.get("top_p", 1.0),
         "max_new_tokens": ident.get("max_new_tokens"), "dtype": ident.get("dtype"),
-        "device": ident.get("device"), "device_name": s.get("device") or cfg.get("device_name"),
+        "device": ident.get("device"), "device_name": s.get("device") or saved.get("device_name"),
         "method": run.method,
-        "method_params": s.get("method_params", {k: v for k, v in cfg.get("method", {}).items() if k != "name"}),
-        "repeat": cfg.get("repeat", 0) or 0, "baseline_mode": cfg.get("baseline"),
-        "warmup_on": ident.get("warmup_on") or cfg.get("warmup_on") or "builtin",
+        "method_params": s.get("method_params", {k: v for k, v in saved.get("method", {}).items() if k != "name"}),
+        "repeat": saved.get("repeat", 0) or 0, "baseline_mode": saved.get("baseline"),
+        "warmup_on": ident.get("warmup_on") or saved.get("warmup_on") or "builtin",
         "finished": s.get("finished"), "path": str(run.path), "lossless": lossless,
         "speedup_bound": s.get("speedup_bound"),
     }

@@ -21,6 +21,7 @@ from statistics import mean, stdev
 from specbench.run import metrics
 from specbench.run.lossless import verdict_line
 from specbench.inputs.tasks import SUBTASKS
+from specbench.markdown import markdown_table
 
 # (key, header) in Spec-Bench's leaderboard order; subtask columns are speedups over AR. Acc. rate
 # (accepted / drafted draft tokens) is ours; the overall speedup's 95% CI follows as a last column.
@@ -303,11 +304,8 @@ def _footnote(table: dict) -> str:
 def to_markdown(tables: list[dict]) -> str:
     out = []
     for t in tables:
-        head = ["Method", *HEADERS]
-        lines = [f"### {t['title']}", "", "| " + " | ".join(head) + " |",
-                 "|" + "|".join(["---"] + ["---:"] * len(HEADERS)) + "|"]
-        for r in t["rows"]:
-            lines.append("| " + " | ".join(_cells(r)) + " |")
+        lines = [f"### {t['title']}", "", markdown_table(["Method", *HEADERS], [_cells(r) for r in t["rows"]],
+                                                         align="l" + "r" * len(HEADERS))]
         note = _footnote(t)
         if note:
             lines += ["", note + "."]
@@ -390,8 +388,7 @@ SHARE_COLUMNS = ("root_unwritten", "root_rank0")
 def ablation_markdown(tables_: list[dict]) -> str:
     out = []
     for t in tables_:
-        lines = [f"### {t['title']}", "", "| Setting | " + " | ".join(h for _, h in ABLATION_COLUMNS) + " | Lossless |",
-                 "|---|" + "---:|" * len(ABLATION_COLUMNS) + "---|"]
+        rows = []
         for r in t["rows"]:
             cells = [r["label"]]
             for k, _ in ABLATION_COLUMNS:
@@ -404,7 +401,9 @@ def ablation_markdown(tables_: list[dict]) -> str:
                                                     if fmt_key == "rows_per_step" else format_value(fmt_key, v, sd)))
             lo = r.get("lossless") or {}
             cells.append(verdict_line(lo).split(";")[0] if lo.get("checked") else "-")
-            lines.append("| " + " | ".join(cells) + " |")
+            rows.append(cells)
+        lines = [f"### {t['title']}", "", markdown_table(["Setting", *(h for _, h in ABLATION_COLUMNS), "Lossless"], rows,
+                                                         align="l" + "r" * len(ABLATION_COLUMNS) + "l")]
         n = max((r.get("n") or 1) for r in t["rows"])
         lines += ["", "Speedup over AR interleaved; bound = MAT x t(1) / t(rows) on the run's cost curve"
                   + (f"; mean ± std over {n} repeats" if n > 1 else "") + "."]

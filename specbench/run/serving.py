@@ -40,6 +40,7 @@ from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpe
 from specbench.inputs.chat import prompt_ids
 from specbench.inputs.models import resolve_dtype
 from specbench.inputs.tasks import WARMUP_QUESTION, load_task
+from specbench.markdown import markdown_table
 from specbench.registry import build_drafter, drafter_class
 
 
@@ -197,15 +198,14 @@ def serving_summary(cfg: dict, side: dict, ar_side: dict | None, checks: list[di
 
 
 def serving_table(summaries: list[dict]) -> str:
-    rows = ["| method | B | rate (req/s) | speculation | tok/s | speedup | MAT | latency mean / p50 / p99 (s) "
-            "| TPOT ms | lossless |", "|---|---:|---:|---|---:|---:|---:|---|---:|---|"]
+    rows = []
     for s in summaries:
-        sp = f"{s['speedup']:.2f}x" if s.get("speedup") else "-"
-        rows.append(f"| {s['method']} | {s['batch_size']} | {s['request_rate'] if s['request_rate'] else '-'} | "
-                    f"{s['batch_speculation']} | {s['throughput']:.1f} | {sp} | {s['mat']:.2f} | "
-                    f"{s['latency_mean']:.2f} / {s['latency_p50']:.2f} / {s['latency_p99']:.2f} | {s['tpot_ms']} | "
-                    f"{lossless.verdict_line(s['lossless']) if s['lossless']['checked'] else 'unchecked'} |")
-    return "\n".join(rows)
+        rows.append([s["method"], s["batch_size"], s["request_rate"] if s["request_rate"] else "-", s["batch_speculation"],
+                     f"{s['throughput']:.1f}", f"{s['speedup']:.2f}x" if s.get("speedup") else "-", f"{s['mat']:.2f}",
+                     f"{s['latency_mean']:.2f} / {s['latency_p50']:.2f} / {s['latency_p99']:.2f}", s["tpot_ms"],
+                     lossless.verdict_line(s["lossless"]) if s["lossless"]["checked"] else "unchecked"])
+    return markdown_table(["method", "B", "rate (req/s)", "speculation", "tok/s", "speedup", "MAT",
+                           "latency mean / p50 / p99 (s)", "TPOT ms", "lossless"], rows, align="lrrlrrrlrl")
 
 
 def write_serving_table(serving_root: Path) -> None:

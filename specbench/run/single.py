@@ -19,6 +19,7 @@ from specbench.decoding.engine import Engine
 from specbench.decoding.sampling import PositionSampler
 from specbench.drafter import Target
 from specbench.inputs.chat import answer_text, prompt_ids
+from specbench.markdown import markdown_table
 from specbench.inputs.models import resolve_dtype
 from specbench.inputs.tasks import SUBTASKS, WARMUP_QUESTION, Question, load_task
 from specbench.registry import build_drafter, drafter_class
@@ -166,10 +167,7 @@ def format_table(summary: dict) -> str:
     if summary["baseline_tokens_per_s"]:
         rows.insert(1, ["ar", *["1.00x"] * len(cols), "1.00x", "1.00x", "1.00x", "1.00",
                         f"{summary['baseline_tokens_per_s']:.1f}", "reference"])
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    out = [line(rows[0]), sep, *map(line, rows[1:])]
+    out = [markdown_table(rows[0], rows[1:], pad=True)]
     detail = summary.get("speedup_bound_detail")
     if detail:
         c = detail["cost_curve"]
@@ -199,7 +197,7 @@ def acceptance_latency_line(summary: dict) -> str:
 
 
 @dataclass
-class Run:
+class RunInProgress:
     """What one run holds while it runs: its settings, directory, model, engine and drafters."""
 
     cfg: dict
@@ -228,8 +226,8 @@ class Run:
                             self.cfg["max_new_tokens"], self.sampler)
 
 
-def run_single(cfg: dict) -> dict:
-    """One request at a time: run, write answers and summary, print the table. Returns the summary."""
+def run_single(cfg: dict) -> "Finished":
+    """One request at a time: run, write answers and summary, print the table."""
     cfg = prepared_settings(cfg)
     run = open_run_directory(cfg)
     baseline = baseline_for(run)
@@ -242,7 +240,7 @@ def run_single(cfg: dict) -> dict:
     return finish(run, baseline)
 
 
-def open_run_directory(cfg: dict) -> Run:
+def open_run_directory(cfg: dict) -> RunInProgress:
     """The run's directory: refused if it holds answers of other settings, else its config written
     and its finished answers read back (a rerun resumes)."""
     import weakref
@@ -251,14 +249,14 @@ def open_run_directory(cfg: dict) -> Run:
     from specbench.run.run_lock import lock_run_directory
 
     out_dir = make_directory(results_dir_for(cfg, cfg["method"]["name"]))
-    # one run per directory: a second one is refused naming this one; released with the Run (or the process)
+    # one run per directory: a second one is refused naming this one; released with the run (or the process)
     lock = lock_run_directory(out_dir)
     try:
         # a run's own answers also depend on the method and its settings (AR references do not)
         check_identity(out_dir, run_identity(cfg))
         write_json_atomic(out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
         done = {r["question_id"]: r for r in repair_jsonl(out_dir / "answers.jsonl")}
-        run = Run(cfg, load_task(cfg["task"]), out_dir, done)
+        run = RunInProgress(cfg, load_task(cfg["task"]), out_dir, done)
     except BaseException:
         lock.release()
         raise
@@ -266,7 +264,7 @@ def open_run_directory(cfg: dict) -> Run:
     return run
 
 
-def baseline_for(run: Run):
+def baseline_for(run: RunInProgress):
     """The `baseline` setting's strategy (specbench/run/baselines.py)."""
     cfg = run.cfg
     if run.method == "ar" or cfg["baseline"] == "none":
@@ -280,7 +278,7 @@ def baseline_for(run: Run):
     return baselines.Interleaved(run.out_dir / "baseline_answers.jsonl")
 
 
-def load_target_and_drafters(run: Run) -> None:
+def load_target_and_drafters(run: RunInProgress) -> None:
     """The model and its engine (compiled before anything is timed), the cost curve, the drafters."""
     cfg = run.cfg
     device, dtype = torch.device(cfg["device"]), resolve_dtype(cfg["dtype"])
@@ -306,7 +304,7 @@ def load_target_and_drafters(run: Run) -> None:
     run.ar = build_drafter("ar")
 
 
-def measure_rounding_band(run: Run) -> None:
+def measure_rounding_band(run: RunInProgress) -> None:
     """The lossless check's rounding band on this model, device, dtype and forward: loaded from the
     cache or measured (seconds), stored in run_config.json and the summary; none when nothing is checked."""
     from specbench.run.rounding_band import load_or_measure
@@ -323,14 +321,14 @@ def measure_rounding_band(run: Run) -> None:
     write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
 
 
-def ar_goes_first(run: Run, q: Question) -> bool:
+def ar_goes_first(run: RunInProgress, q: Question) -> bool:
     """AR and the method alternate which answers first, question by question (by the question's place
     in the task, so a resumed run keeps the order): neither always runs right after the previous
     question's check forwards, or always on a machine the other has just warmed."""
     return [x.question_id for x in run.questions].index(q.question_id) % 2 == 0
 
 
-def answer_questions(run: Run, baseline) -> None:
+def answer_questions(run: RunInProgress, baseline) -> None:
     """Each question not yet answered: AR's answer as the baseline gives it and the method's, in
     alternating order, the lossless check against AR, the record appended at once (an interrupted run
     loses nothing)."""
@@ -372,8 +370,20 @@ def answer_questions(run: Run, baseline) -> None:
     bar.close()
 
 
-def finish(run: Run, baseline) -> dict:
-    """The summary (written, printed as a table) and the reporting hooks (sweep tables, wandb)."""
+@dataclass
+class Finished:
+    """A finished run, for the reports made after it (specbench/main.py): its settings as the run
+    resolved them, the summary, both sides' answers and the directory."""
+
+    cfg: dict
+    summary: dict
+    records: list[dict]
+    baseline: list[dict]
+    out_dir: Path
+
+
+def finish(run: RunInProgress, baseline) -> Finished:
+    """The summary, written and printed as a table."""
     cfg = run.cfg
     records = [run.done[q.question_id] for q in run.questions]
     base = records if run.method == "ar" else (
@@ -414,11 +424,7 @@ def finish(run: Run, baseline) -> dict:
             print(f"  outside the band: question {d['question_id']} turn {bad['turn']} token {bad['index']} "
                   f"(margin {bad['margin']:.3g} to the target's choice, band {bad['band']:.3g})")
     print(f"results: {run.out_dir}")
-
-    # reporting hooks (sweeps, tables, wandb: specbench/report/reporting.py); they warn, never fail
-    from specbench.report.reporting import after_run
-    after_run(cfg, summary, records, base, run.out_dir)
-    return summary
+    return Finished(cfg, summary, records, base, run.out_dir)
 
 
 def warm_up(cfg: dict, engine: Engine, drafters: list, tok, questions: list[Question], template: str,

@@ -22,6 +22,7 @@ import csv
 import json
 from pathlib import Path
 
+from specbench import markdown
 from specbench.speculation.cost import CostCurve, run_bound
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,9 +146,7 @@ def _fmt(x, spec: str, unit: str = "") -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     """The prediction rows as a markdown table."""
-    lines = ["| method | source | MAT | rows/step | rows from | predicted | published |",
-             "|---|---|---:|---:|---|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['method']} | {r['source']} | {r['mat']:.2f} | {_fmt(r['mean_rows'], '.1f')} | "
-                     f"{r['rows_from']} | {_fmt(r['predicted'], '.2f', 'x')} | {_fmt(r['published'], '.2f', 'x')} |")
-    return "\n".join(lines)
+    return markdown.markdown_table(["method", "source", "MAT", "rows/step", "rows from", "predicted", "published"],
+                          [[r["method"], r["source"], f"{r['mat']:.2f}", _fmt(r["mean_rows"], ".1f"), r["rows_from"],
+                            _fmt(r["predicted"], ".2f", "x"), _fmt(r["published"], ".2f", "x")] for r in rows],
+                          align="llrrlrr")

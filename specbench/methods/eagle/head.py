@@ -74,14 +74,15 @@ class HeadConfig:
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> "HeadConfig":
+    def from_dict(cls, checkpoint: dict) -> "HeadConfig":
+        """From a head checkpoint's config.json."""
         names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in cfg.items() if k in names and v is not None}
-        values.setdefault("num_key_value_heads", cfg.get("num_attention_heads"))
-        rope = cfg.get("rope_parameters") or {}  # transformers 5 writes RoPE's settings here
+        values = {k: v for k, v in checkpoint.items() if k in names and v is not None}
+        values.setdefault("num_key_value_heads", checkpoint.get("num_attention_heads"))
+        rope = checkpoint.get("rope_parameters") or {}  # transformers 5 writes RoPE's settings here
         if "rope_theta" in rope:
             values.setdefault("rope_theta", rope["rope_theta"])
-        scaling = cfg.get("rope_scaling") or rope
+        scaling = checkpoint.get("rope_scaling") or rope
         if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
             raise EagleHeadError(f"EAGLE head config has RoPE scaling {scaling}; only plain RoPE "
                                  f"(the published Vicuna and LLaMA-2 heads) is supported")

@@ -144,9 +144,9 @@ class HeadsConfig:
 
 
 def _read_config(directory: Path) -> HeadsConfig:
-    cfg = CHECKPOINT.read_config(directory, "medusa_num_heads")
-    return HeadsConfig(int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1)),
-                       bool(cfg.get("shared_projection", False)), cfg)
+    checkpoint = CHECKPOINT.read_config(directory, "medusa_num_heads")
+    return HeadsConfig(int(checkpoint["medusa_num_heads"]), int(checkpoint.get("medusa_num_layers", 1)),
+                       bool(checkpoint.get("shared_projection", False)), checkpoint)
 
 
 def check_heads_dir(directory: str | Path, num_heads: int | None = None) -> tuple[HeadsConfig, int]:

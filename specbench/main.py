@@ -1,12 +1,12 @@
-"""The entry of every run: one request at a time (single.py) or many at once (serving.py), and the
-exit code a finished run gives."""
+"""The entry of every run: one request at a time (run/single.py) or many at once (run/serving.py), the
+reports made after it (report/reporting.py: the sweep's results.csv, wandb), and the exit code."""
 
 from __future__ import annotations
 
 import sys
 
-from specbench.run import schemas as _schemas  # noqa: F401  (registers the typed settings with Hydra)
 from specbench.run import lossless
+from specbench.run import schemas as _schemas  # noqa: F401  (registers the typed settings with Hydra)
 from specbench.run.settings import is_serving_run
 
 
@@ -15,8 +15,12 @@ def run_benchmark(cfg: dict) -> dict:
     if is_serving_run(cfg):  # concurrent requests: run/serving.py
         from specbench.run.serving import run_serving
         return run_serving(cfg)
+    from specbench.report.reporting import after_run
     from specbench.run.single import run_single
-    return run_single(cfg)
+
+    done = run_single(cfg)
+    after_run(done.cfg, done.summary, done.records, done.baseline, done.out_dir)  # warns, never fails
+    return done.summary
 
 
 def main_exit_code(summary: dict, cfg: dict) -> int:
