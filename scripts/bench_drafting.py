@@ -19,13 +19,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from specbench.draft import DecodeState
+from specbench.inputs.models import load_model, named_model_config
+from specbench.registry import build_drafter
+from specbench.inputs.tasks import MINI, load_jsonl_questions
 
-from specbench.draft import DecodeState  # noqa: E402
-from specbench.inputs.models import load_model, named_model_config  # noqa: E402
-from specbench.registry import build_drafter  # noqa: E402
-from specbench.inputs.tasks import MINI, load_jsonl_questions  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def median_ms(fn, repeats: int) -> float:

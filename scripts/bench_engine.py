@@ -21,25 +21,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specbench.methods.ar import Autoregressive  # noqa: E402
-from specbench.methods.tr.base import TokenRecycling  # noqa: E402
-from specbench.inputs.chat import prompt_ids  # noqa: E402
-from specbench.decoding.forward_choice import PRODUCTS  # noqa: E402
-from specbench.decoding.engine import Engine  # noqa: E402
-from specbench.inputs.models import add_model_arguments, eos_token_ids, load_model_from_arguments  # noqa: E402
-from specbench.decoding.sampling import PositionSampler  # noqa: E402
-from specbench.inputs.tasks import MINI, load_jsonl_questions, select_per_subtask  # noqa: E402
-from specbench.timing import now  # noqa: E402
-from specbench.speculation.cost import resolve_curve  # noqa: E402
-from specbench.errors import SettingsError  # noqa: E402
-from specbench.registry import build_drafter, drafter_class  # noqa: E402
+from specbench.methods.ar import Autoregressive
+from specbench.methods.tr.base import TokenRecycling
+from specbench.inputs.chat import prompt_ids
+from specbench.decoding.forward_choice import PRODUCTS
+from specbench.decoding.engine import Engine
+from specbench.inputs.models import add_model_arguments, eos_token_ids, load_model_from_arguments
+from specbench.decoding.sampling import PositionSampler
+from specbench.inputs.tasks import MINI, load_jsonl_questions, select_per_subtask
+from specbench.timing import now
+from specbench.speculation.cost import resolve_curve
+from specbench.errors import SettingsError
+from specbench.registry import build_drafter, drafter_class
 
 
 class TimedSampler:

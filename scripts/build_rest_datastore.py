@@ -44,11 +44,10 @@ import zipfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from specbench.errors import SpecbenchError
+from specbench.methods.rest.datastore import build_datastore, require_divsufsort, vocab_sha256
 
-from specbench.errors import SpecbenchError  # noqa: E402
-from specbench.methods.rest.datastore import build_datastore, require_divsufsort, vocab_sha256  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TEXT_SUFFIXES = {".txt", ".md", ".text"}
 JSON_SUFFIXES = {".jsonl", ".json"}

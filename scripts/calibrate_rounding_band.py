@@ -5,15 +5,12 @@ docs/protocol.md, "Lossless check"). Prints the figures; a run measures (or load
     python scripts/calibrate_rounding_band.py [--model smollm2-135m] [--device cpu] [--dtypes bfloat16,float16,float32]
 """
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from specbench.run.rounding_band import BAND_ULPS  # noqa: E402
-from specbench.run.rounding_band import measure_band  # noqa: E402
-from specbench.inputs.models import load_model, named_model_config, resolve_device  # noqa: E402
+from specbench.run.rounding_band import BAND_ULPS
+from specbench.run.rounding_band import measure_band
+from specbench.inputs.models import load_model, named_model_config, resolve_device
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--model", default="smollm2-135m")

@@ -15,9 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specbench.report import specbench_format as sf  # noqa: E402
+from specbench.report import specbench_format as sf
 
 
 def main(argv=None) -> int:

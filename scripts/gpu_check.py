@@ -287,7 +287,7 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from specbench.run.main import main_exit_code, run_benchmark
+    from specbench.main import main_exit_code, run_benchmark
     from specbench.errors import SpecbenchError
 
     root = ctx["work"] / "runs" / name
@@ -546,7 +546,7 @@ def cost_lines(work: Path) -> list[str]:
     curves = sorted((work / "cost").glob("cost_*.json")) if (work / "cost").is_dir() else []
     if not curves:
         return []
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT))  # the node runs the checkout as it is: specbench is not installed there
     from specbench.speculation.cost import CostCurve
 
     lines = ["## Cost curves (random weights)", "",
@@ -606,7 +606,7 @@ def main(argv=None) -> int:
     if getattr(args, "budget", 0) is None:
         args.budget = CPU_BUDGET if args.cpu else TOTAL_BUDGET
     if args.command == "_stage":
-        sys.path.insert(0, str(ROOT))
+        sys.path.insert(0, str(ROOT))  # as above: not installed on the node (its PYTHONPATH names ROOT too)
         return run_one_stage(args.name, args)
     return run_all(args)
 

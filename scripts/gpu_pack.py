@@ -25,7 +25,6 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 CALL_LIMIT = 64 << 20  # bytes one call may carry, the checkout included
 MARGIN = 2 << 20  # for files the checkout gains before the call (a results file, a log)

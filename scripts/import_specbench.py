@@ -20,10 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from specbench.report import specbench_format as sf
 
-from specbench.report import specbench_format as sf  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def default_questions() -> Path | None:

@@ -32,14 +32,13 @@ from pathlib import Path
 
 import torch
 
+from specbench.inputs.chat import prompt_ids
+from specbench.inputs.models import eos_token_ids, load_model, resolve_device, resolve_dtype
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts"))  # train_medusa.py, also when a test loads this file by path
 
 from train_medusa import greedy_answers, model_config, select_prompts  # noqa: E402
-
-from specbench.inputs.chat import prompt_ids  # noqa: E402
-from specbench.inputs.models import eos_token_ids, load_model, resolve_device, resolve_dtype  # noqa: E402
 
 
 def _open(path: Path, mode: str, gz: bool | None = None):

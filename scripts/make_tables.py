@@ -24,9 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specbench.report import collect, tables  # noqa: E402
+from specbench.report import collect, tables
 
 DEFAULT_PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published"
 

@@ -14,9 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specbench.report import collect, plots  # noqa: E402
+from specbench.report import collect, plots
 
 
 def main(argv=None) -> int:

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specbench.decoding.forward_choice import PRODUCTS  # noqa: E402
-from specbench.decoding.engine import Engine  # noqa: E402
-from specbench.speculation.cost import cache_path, measure_cost_curve  # noqa: E402
-from specbench.speculation.roofline import width_ratios  # noqa: E402
-from specbench.inputs.models import add_model_arguments, load_model_from_arguments  # noqa: E402
+from specbench.decoding.forward_choice import PRODUCTS
+from specbench.decoding.engine import Engine
+from specbench.speculation.cost import cache_path, measure_cost_curve
+from specbench.speculation.roofline import width_ratios
+from specbench.inputs.models import add_model_arguments, load_model_from_arguments
 
 
 def main(argv=None) -> int:

@@ -18,16 +18,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specbench.decoding.forward_choice import PRODUCTS  # noqa: E402
-from specbench.decoding.engine import Engine  # noqa: E402
-from specbench.decoding.kv_cache import compact_kv_cache  # noqa: E402
-from specbench.speculation.cost import filled_cache_and_drafts  # noqa: E402
-from specbench.tools.kernel_profile import breakdown_table, kernel_times  # noqa: E402
-from specbench.speculation.roofline import roofline_for  # noqa: E402
-from specbench.timing import now  # noqa: E402
-from specbench.inputs.models import add_model_arguments, load_model_from_arguments  # noqa: E402
+from specbench.decoding.forward_choice import PRODUCTS
+from specbench.decoding.engine import Engine
+from specbench.decoding.kv_cache import compact_kv_cache
+from specbench.speculation.cost import filled_cache_and_drafts
+from specbench.tools.kernel_profile import breakdown_table, kernel_times
+from specbench.speculation.roofline import roofline_for
+from specbench.timing import now
+from specbench.inputs.models import add_model_arguments, load_model_from_arguments
 
 
 def main(argv=None) -> int:

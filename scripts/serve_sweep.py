@@ -34,22 +34,21 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from specbench.run import lossless
+from specbench.run.results_io import append_jsonl, read_jsonl, repair_jsonl
+from specbench.run.metrics import mean_interval_95
+from specbench.run.serving_metrics import poisson_arrivals, serving_figures
+from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
+from specbench.decoding.engine import Engine
+from specbench.speculation.batch_policy import (BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost)
+from specbench.speculation.cost import CostCurve
+from specbench.run.host_memory import HOST_MEMORY, apply_host_memory
+from specbench.inputs.chat import prompt_ids
+from specbench.inputs.models import eos_token_ids, load_model, named_model_config
+from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask
+from specbench.registry import build_drafter
 
-from specbench.run import lossless  # noqa: E402
-from specbench.run.results_io import append_jsonl, read_jsonl, repair_jsonl  # noqa: E402
-from specbench.run.metrics import mean_interval_95  # noqa: E402
-from specbench.run.serving_metrics import poisson_arrivals, serving_figures  # noqa: E402
-from specbench.decoding.batched import BatchedEngine, DrafterPool, Request  # noqa: E402
-from specbench.decoding.engine import Engine  # noqa: E402
-from specbench.speculation.batch_policy import (BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost)  # noqa: E402
-from specbench.speculation.cost import CostCurve  # noqa: E402
-from specbench.run.host_memory import HOST_MEMORY, apply_host_memory  # noqa: E402
-from specbench.inputs.chat import prompt_ids  # noqa: E402
-from specbench.inputs.models import eos_token_ids, load_model, named_model_config  # noqa: E402
-from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask  # noqa: E402
-from specbench.registry import build_drafter  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def drafter_pool(method: str, model, cost: BatchCost) -> DrafterPool:

@@ -20,14 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from specbench.errors import SettingsError  # noqa: E402
-from specbench.speculation.predictions import markdown_table, predictions  # noqa: E402
+from specbench.errors import SettingsError
+from specbench.speculation.predictions import markdown_table, predictions
 from specbench.speculation.shapes import SHAPES, SPARSE_WIDTHS, STAND_INS, measure_shape_curve, random_model
-from specbench.inputs.models import resolve_device, resolve_dtype  # noqa: E402
+from specbench.inputs.models import resolve_device, resolve_dtype
 
 TREE_ROWS = 81  # TR's published tree: 80 nodes + root
 

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from specbench.inputs.chat import prompt_ids
+from specbench.inputs.models import cache_root, resolve_dtype
+from specbench.methods.eagle.head import EagleHead, HeadConfig, load_head, save_head
 
-from specbench.inputs.chat import prompt_ids  # noqa: E402
-from specbench.inputs.models import cache_root, resolve_dtype  # noqa: E402
-from specbench.methods.eagle.head import EagleHead, HeadConfig, load_head, save_head  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))  # train_medusa.py, also when a test loads this file by path
+
 from train_medusa import frozen_target  # noqa: E402
 
 FEATURE_WEIGHT, TOKEN_WEIGHT = 1.0, 0.1  # EAGLE's v_w and p_w

@@ -42,13 +42,13 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from specbench.decoding.kv_cache import with_cache
+from specbench.inputs.chat import prompt_ids
+from specbench.methods.medusa.heads import MedusaHeads, load_heads, save_heads
+from specbench.inputs.models import cache_root, eos_token_ids, load_model, resolve_device, resolve_dtype
 
-from specbench.decoding.kv_cache import with_cache  # noqa: E402
-from specbench.inputs.chat import prompt_ids  # noqa: E402
-from specbench.methods.medusa.heads import MedusaHeads, load_heads, save_heads  # noqa: E402
-from specbench.inputs.models import cache_root, eos_token_ids, load_model, resolve_device, resolve_dtype  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 HEAD_WEIGHT = 0.8  # loss weight of head k is 0.8^k, as in Medusa's training script
 IGNORE = -100

@@ -23,13 +23,12 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from specbench.run.metrics import sum_statistics
+from specbench.speculation.cost import CostCurve
+from specbench.methods.tr.base import load_tree_template
+from specbench.methods.tr.tuning import trim_template, tune_template
 
-from specbench.run.metrics import sum_statistics  # noqa: E402
-from specbench.speculation.cost import CostCurve  # noqa: E402
-from specbench.methods.tr.base import load_tree_template  # noqa: E402
-from specbench.methods.tr.tuning import trim_template, tune_template  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_calibration_questions(path: Path, n: int, seed: int) -> None:

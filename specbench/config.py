@@ -114,6 +114,34 @@ class RunConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
+NO_CURVE = (None, False, "off", "none")  # cost_curve settings that mean no curve
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What this machine makes of a run's settings, resolved once before anything loads (run/plan.py).
+    The run reads these, never the settings' `auto`s again; a step down mid-run (the compiled forward
+    failing as it loads) is a new plan (`stepped_down`), so no setting is rewritten in place."""
+
+    device: str  # cpu | cuda:N | mps
+    device_name: str  # as results record it (a GPU: its name; a CPU: its processor and threads)
+    dtype: str  # float32 | bfloat16 | float16: `auto` resolved by device and model
+    forward: str  # eager | compiled | compiled-packed: what this machine runs of `compile`
+    host_memory: str  # keep | system: what is in effect
+    max_new_tokens: int  # the task's where the settings leave it unset
+    cost_curve: Optional[str]  # the curve setting this forward can use
+
+    def stepped_down(self, forward: str) -> "RunPlan":
+        """The plan once the engine went on `forward` instead: a curve file measured on the planned
+        forward no longer fits, so a quick curve on its own is measured instead."""
+        return dataclasses.replace(self, forward=forward,
+                                   cost_curve="off" if self.cost_curve in NO_CURVE else "auto")
+
+    def applied(self, cfg: dict) -> dict:
+        """The settings as this plan runs them: what run_config.json records and identities read."""
+        return {**cfg, **dataclasses.asdict(self)}
+
+
 def with_defaults(schema: type, given: dict) -> dict:
     """`given` (a task or model config, from Hydra or written by hand) with the schema's defaults for
     the keys it leaves out: the loaders read every key without restating a default."""

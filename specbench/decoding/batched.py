@@ -9,7 +9,10 @@ A step appends every slot's rows (root, draft nodes, extra rows, padded to the s
 count R) at columns [L, L + R), verifies each slot on its own, then moves each slot's kept rows
 (root + accepted path) down to [len_b, len_b + kept) with one gather per layer and crops the cache
 to the new max len_b. Requests are admitted as slots free up (continuous batching), each prefilled
-alone (batch 1, exactly as Engine.generate) and copied into its slot.
+alone (batch 1) and copied into its slot.
+
+Prefill, each slot's verification and the stop at EOS or the budget are step.py's, the very functions
+Engine.generate calls; what is this engine's own is the batched forward: padding, masks and the cache.
 
 Eager forward only: the compiled forward's static cache is built for one request.
 """
@@ -24,11 +27,12 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
-from specbench.decoding.engine import Engine, check_context, first_token, greedy_targets
 from specbench.decoding.kv_cache import with_cache
+from specbench.decoding.step import (ModelFacts, TreeTensorCache, check_context, cut_at_stop, greedy_targets,
+                                     observe_prefill, prefill, propose, rows_of, split_piece, token_buffer,
+                                     verify_piece)
 from specbench.decoding.transfers import to_device
-from specbench.decoding.verify import accepted_path
-from specbench.draft import DecodeState, Draft, StepOutcome
+from specbench.draft import Draft, StepOutcome
 from specbench.drafter import Drafter
 from specbench.timing import now
 
@@ -111,11 +115,11 @@ class _Slot:
 
 class BatchedEngine:
     def __init__(self, model, eos_token_ids: list[int]):
-        # the single-request engine lends its per-tree device tensors and its mask settings
-        self.engine = Engine(model, eos_token_ids)
-        self.model = self.engine.model
-        self.device = self.engine.device
-        self.eos = frozenset(self.engine.eos)
+        self.model = model.eval()
+        self.device = model.device
+        self.eos = frozenset(int(e) for e in eos_token_ids)
+        self.facts = ModelFacts.of(model)
+        self.tree_tensors = TreeTensorCache(self.device)
 
     @torch.inference_mode()
     def generate(self, requests: list[Request], max_batch: int, policy=None) -> BatchResult:
@@ -130,7 +134,7 @@ class BatchedEngine:
         for r in requests:
             if r.max_new_tokens < 1:
                 raise ValueError(f"max_new_tokens must be at least 1, got {r.max_new_tokens}")
-            check_context(self.engine.context_length, r.max_new_tokens, self.model)
+            check_context(self.facts.context_length, r.max_new_tokens, self.model)
         records = [RequestRecord(arrival=r.arrival) for r in requests]
         waiting = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival))
         # slot b: self.slots[b] (None: free) with valid length self.lens[b]; the cache's batch row b
@@ -180,20 +184,12 @@ class BatchedEngine:
         drafter = d if isinstance(d, Drafter) else (d() if d is not None else Drafter())
         select = request.sampler or greedy_targets
         n = len(request.prompt_ids)
-        buf = torch.empty(n + request.max_new_tokens + 1, dtype=torch.long)
-        buf[:n] = torch.tensor(request.prompt_ids, dtype=torch.long)
-        want_hidden, want_prompt = drafter.needs_hidden_states, drafter.needs_prompt_logits
+        buf = token_buffer(request.prompt_ids, request.max_new_tokens)
 
         record.admitted = now(self.device) - t0
         own = DynamicCache()
-        out = self.model(input_ids=buf[:n][None].to(self.device), **with_cache(self.model, own), use_cache=True,
-                         logits_to_keep=1, output_hidden_states=want_hidden or want_prompt)
-        first = first_token(select(out.logits[0, -1:], torch.full((1,), n - 1)), out.logits[0, -1], self.model, buf[:n])
-        if want_prompt:  # as Engine.generate: the last row stays the one that chose the first token
-            head = self.model.get_output_embeddings()
-            drafter.observe_prompt(buf[:n], torch.cat([head(out.hidden_states[-1][0, :-1]), out.logits[0, -1:]]))
-        if want_hidden:
-            drafter.observe_prefill(out.hidden_states[-1][0])
+        first, out = prefill(self.model, buf[:n], own, select, drafter, self.device)
+        observe_prefill(drafter, out)
         record.first_token = now(self.device) - t0
         buf[n] = first
         record.tokens.append(first)
@@ -246,18 +242,16 @@ class BatchedEngine:
 
     def _step(self) -> BatchStep:
         t_start = time.perf_counter()
-        dev, eng = self.device, self.engine
+        dev = self.device
         slots, lens = self.slots, self.lens
         B, L = len(slots), self.cache.get_seq_length()
         drafts: list[Draft | None] = [None] * B
         if self.policy is None or self.policy.wants_drafts():
             for b, s in enumerate(slots):
-                draft = s.drafter.propose(DecodeState(tokens=s.buf[: s.cur], prompt_len=len(s.request.prompt_ids),
-                                                      step=s.record.decoding_steps))
-                drafts[b] = None if draft is not None and len(draft.tree) == 0 else draft
+                drafts[b] = propose(s.drafter, s.buf, s.cur, len(s.request.prompt_ids), s.record.decoding_steps)
             if self.policy is not None:
                 drafts = self.policy.choose(drafts, [s.key for s in slots], L)
-        n_rows = [1 if d is None else d.tree.size + d.n_extra for d in drafts]
+        n_rows = [rows_of(d) for d in drafts]
         R = max(n_rows)
 
         # Rows past a slot's own count are padding: token 0 at the root's position, seeing the
@@ -270,7 +264,7 @@ class BatchedEngine:
         for b, draft in enumerate(drafts):
             if draft is None:
                 continue
-            tt, n = eng.tree_tensors(draft.tree), draft.tree.size
+            tt, n = self.tree_tensors(draft.tree), draft.tree.size
             ids[b, 1:n] = to_device(draft.tokens, dev)
             depths[b, :n] = tt.depths
             vis[b, :n, :n] = tt.ancestors
@@ -286,40 +280,19 @@ class BatchedEngine:
                          attention_mask=self._mask(lens_d, pos, vis, L), output_hidden_states=want_hidden)
 
         # Verify each slot on its own rows; every slot's path and tokens come back in one copy.
-        pieces, verified = [], []
-        for b, (s, draft) in enumerate(zip(slots, drafts)):
-            logits = out.logits[b, : n_rows[b]]
-            if draft is None:
-                targets = torch.as_tensor(s.select(logits[:1], torch.full((1,), lens[b])), device=dev)
-                pieces.append(targets[:1])
-                continue
-            size = draft.tree.size
-            # host positions: a sampler keys its noise by them without reading the device
-            targets = torch.as_tensor(s.select(logits[:size], lens[b] + draft.tree.depths), device=dev)
-            if not s.drafter.lossless:
-                targets = s.drafter.override_targets(draft, logits[:size], targets)
-            path = accepted_path(eng.tree_tensors(draft.tree), ids[b, 1:size], targets)
-            pieces.append(torch.cat([path, targets[path]]))  # as Engine._verify
+        pieces = [verify_piece(self.tree_tensors, out.logits[b, : n_rows[b]], draft, ids[b], lens[b], s.select,
+                               s.drafter, dev) for b, (s, draft) in enumerate(zip(slots, drafts))]
         host = torch.cat(pieces).tolist()  # the step's one device-to-host copy
-        at = 0
+        verified, at = [], 0
         for draft, piece in zip(drafts, pieces):
-            if draft is None:
-                verified.append(([], host[at : at + 1]))
-            else:
-                depth = draft.tree.max_depth + 1
-                h = host[at : at + 2 * depth]
-                accepted = [a for a in h[1:depth] if a]
-                verified.append((accepted, h[depth : depth + len(accepted) + 1]))
+            verified.append(split_piece(host[at : at + piece.numel()], draft))
             at += piece.numel()
 
         self._compact(L, [accepted for accepted, _ in verified])
         outcomes = []
         for b, (s, draft, (accepted, emitted)) in enumerate(zip(slots, drafts, verified)):
             bonus, new = emitted[-1], s.record.tokens
-            for i, tok in enumerate(emitted):  # stop at EOS or the budget, whichever comes first
-                if tok in self.eos or len(new) + i + 1 >= s.request.max_new_tokens:
-                    emitted = emitted[: i + 1]
-                    break
+            emitted = cut_at_stop(emitted, self.eos, len(new), s.request.max_new_tokens)
             s.buf[s.cur : s.cur + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
             s.cur += len(emitted)
             new.extend(emitted)
@@ -349,10 +322,10 @@ class BatchedEngine:
         allowed[:, :, L:] = vis
 
         def additive(ok: torch.Tensor) -> torch.Tensor:
-            dtype = self.engine.mask_dtype
+            dtype = self.facts.mask_dtype
             return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill_(~ok, torch.finfo(dtype).min)[:, None]
 
-        window = self.engine.sliding_window
+        window = self.facts.sliding_window
         if window is None:
             return additive(allowed)
         sliding = allowed.clone()  # a prefix column j holds position j in every slot

@@ -1,26 +1,13 @@
 """The compiled target forward: a static KV cache written in place and `torch.compile`d verification.
 
-The eager forward is overhead-bound (a small model's step costs about three times its weight reads on
-this CPU, and on a GPU it is launch-bound), so a speedup measured on it is partly a framework effect.
-This module runs the same verification forward compiled:
-
-- the KV cache is a transformers `Cache` of `StaticLayer`s: fixed buffers the forward writes in place
-  at `cumulative_length`, compacted in place afterwards (`kv_cache.compact_kv_cache`);
-- on CPU attention sees the live rows only (`LiveStaticLayer`: their count is symbolic in the graph),
-  so the mask is `[1, 1, rows, live rows]`; a CUDA graph has fixed shapes and sees the whole buffer,
-  its mask `[1, 1, rows, capacity]` hiding every column past the live rows (stale tree rows, zeros);
-- CPU: the matrix products on our packed kernel (packed_linear.py; `products="inductor"`: inductor's
-  own), the rest compiled by inductor with frozen weights and the row count symbolic, so one graph per cache capacity
-  serves every draft size (no recompile per size). The row count is padded to at least 2: a size-1
-  dimension is specialised, and the static-M path packs weights for MKL, whose small-M products are
-  slower here than oneDNN's (docs/compiled-forward.md has the measurements);
-- CUDA: a fixed capacity and CUDA graphs (`mode="reduce-overhead"`), one per row bucket, since a
-  graph has static shapes; outputs are cloned because the next replay overwrites them. The same fixed
-  shapes run on CPU with `fixed_shapes=True` (one inductor graph per bucket, no CUDA graphs), which is
-  how the tests check their padding and masks without a GPU.
-
-Padded rows are real rows of the forward whose outputs nothing reads; their cache writes land past
-the live rows and the compaction drops them. The prefill stays eager (once per turn, any length).
+The eager forward is overhead-bound, so a speedup measured on it is partly a framework effect; this
+module runs the same verification forward compiled, over a transformers `Cache` of `StaticLayer`s
+written and compacted in place (`kv_cache.compact_kv_cache`). CPU: attention over the live rows only
+(`LiveStaticLayer`), the row count symbolic, so one inductor graph per cache capacity serves every
+draft size; the products on our packed kernel (packed_linear.py) or inductor's. CUDA: a fixed
+capacity and one CUDA graph per row bucket; `fixed_shapes=True` runs those shapes on CPU for the
+tests. Padded rows are real rows that nothing reads, dropped by the compaction; the prefill stays
+eager. Design, iterations and measurements: docs/compiled-forward.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,31 @@
 """The decoding loop: prefill, then draft -> one tree forward -> verify -> compact KV -> observe.
 
 Batch size 1. The engine knows nothing of any method: a drafter hands it a `Draft` (or None for a
-plain step) and gets a `StepOutcome` back.
+plain step) and gets a `StepOutcome` back. Prefill, verification and the stop are step.py's, shared
+with the batched engine (batched.py); what is this engine's own is the forward (eager or compiled)
+and its cache.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from transformers import DynamicCache
 
-from specbench.draft import DecodeState, Draft, StepOutcome
+from specbench.draft import Draft, DraftTree, StepOutcome
 from specbench.drafter import Drafter
 from specbench.decoding.kv_cache import compact_kv_cache, with_cache
-from specbench.decoding.transfers import to_device
-from specbench.errors import InputError
-from specbench.timing import now
-from specbench.numerics import NonFiniteError, non_finite_message
-from specbench.draft import DraftTree
 from specbench.decoding.masks import tree_attention_mask
-from specbench.decoding.verify import TreeTensors, accepted_path
+from specbench.decoding.step import (ModelFacts, TreeTensorCache, check_context, cut_at_stop, greedy_targets,
+                                     observe_prefill, prefill, propose, rows_of, split_piece, token_buffer,
+                                     verify_piece)
+from specbench.decoding.transfers import to_device
+from specbench.decoding.verify import TreeTensors
+from specbench.timing import now
 
 
 @dataclass
@@ -44,33 +45,6 @@ class TurnResult:
         return len(self.tokens)
 
 
-def greedy_targets(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The target's choice at every row: the argmax (positions are unused in greedy decoding)."""
-    return logits.argmax(dim=-1)
-
-
-def first_token(choice, last_logits: torch.Tensor, model, prompt) -> int:
-    """The prefill's chosen token, read to the host in one copy with whether the last row's logits are
-    all finite (no synchronisation more than the choice alone): NaN/inf stops the run in one line
-    naming the model, the dtype and the first layer that overflowed (numerics.py)."""
-    choice = torch.as_tensor(choice).reshape(-1)[:1].long()
-    finite = torch.isfinite(last_logits).all().to(device=choice.device, dtype=torch.long).reshape(1)
-    token, ok = torch.cat([choice, finite]).tolist()
-    if not ok:
-        raise NonFiniteError(non_finite_message(model, prompt))
-    return int(token)
-
-
-def check_context(context_length: int | None, max_new_tokens: int, model=None) -> None:
-    """InputError unless `max_new_tokens` (and at least one prompt token) fit the model's context."""
-    if context_length and max_new_tokens >= context_length:
-        from specbench.numerics import model_label
-
-        raise InputError(f"max_new_tokens={max_new_tokens} is beyond the context of model "
-                         f"{model_label(model) if model is not None else ''} ({context_length} positions, "
-                         f"prompt included); set max_new_tokens below {context_length}")
-
-
 class Engine:
     """Per step on an accelerator, the host sends the root token (as a kernel argument) and the
     drafter's tokens stay where the drafter made them; tree masks, position offsets and the
@@ -82,14 +56,10 @@ class Engine:
         self.device = model.device
         self.eos = set(int(e) for e in eos_token_ids)
         self.profile = profile
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        layer_types = getattr(cfg, "layer_types", None) or []
-        window = getattr(cfg, "sliding_window", None)
-        # Models that mix sliding and full layers take one mask per layer type.
-        self.sliding_window = window if window and "sliding_attention" in layer_types else None
-        self.mask_dtype = model.dtype
-        # positions the model was trained for (None: unknown); a turn may not ask for more new tokens
-        self.context_length = getattr(cfg, "max_position_embeddings", None)
+        facts = ModelFacts.of(model)
+        # attributes, not the frozen facts: a test may set the window to exercise both mask kinds
+        self.sliding_window, self.mask_dtype = facts.sliding_window, facts.mask_dtype
+        self.context_length = facts.context_length  # a turn may not ask for more new tokens
         # compiled: verification through a compiled forward on a static cache (specbench/decoding/compiled.py);
         # products: its matrix products (auto | packed | inductor, compiled.uses_packed_products)
         self.compiled = None
@@ -101,7 +71,7 @@ class Engine:
             except Exception as e:  # an optional accelerator: the run goes on eager (forward_choice.py)
                 self._fall_back_to_eager(e)
         self.forward_time = 0.0
-        self._trees: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._trees = TreeTensorCache(self.device)
 
     def new_cache(self, prompt_len: int, max_new_tokens: int, hidden: bool = False, reserve: bool = False):
         """The KV cache for one turn: a DynamicCache, or the compiled forward's static cache with every
@@ -131,10 +101,7 @@ class Engine:
         self.compiled = None
 
     def tree_tensors(self, tree: DraftTree) -> TreeTensors:
-        tt = self._trees.get(tree)
-        if tt is None:
-            tt = self._trees[tree] = TreeTensors(tree, self.device)
-        return tt
+        return self._trees(tree)
 
     def _mask(self, visibility: torch.Tensor, depths: torch.Tensor, cache_len: int):
         """The 4-D mask, built on the device; models mixing sliding and full layers get one per type."""
@@ -188,22 +155,9 @@ class Engine:
         """(accepted nodes in path order, emitted tokens = their tokens + the bonus, the path on the
         device). The only device-to-host copy of a step: the path and its tokens, one small tensor.
         `draft_ids`: the forward's input rows on the device (root first)."""
-        if draft is None:
-            targets = torch.as_tensor(select(logits[:1], torch.full((1,), cache_len)), device=self.device)
-            return [], [int(targets[0])], None
-        tt = self.tree_tensors(draft.tree)
-        size = draft.tree.size
-        # host positions: a sampler keys its noise by them without reading anything from the device
-        targets = torch.as_tensor(select(logits[:size], cache_len + draft.tree.depths), device=self.device)
-        if not drafter.lossless:
-            targets = drafter.override_targets(draft, logits[:size], targets)
-        path = accepted_path(tt, draft_ids[1:size], targets)
-        # an accepted node's token is its parent's target, so the emitted tokens are the targets
-        # along [root] + path
-        host = torch.cat([path, targets[path]]).tolist()
-        depth = len(path)
-        accepted = [a for a in host[1:depth] if a]
-        return accepted, host[depth : depth + len(accepted) + 1], path
+        piece = verify_piece(self.tree_tensors, logits, draft, draft_ids, cache_len, select, drafter, self.device)
+        accepted, emitted = split_piece(piece.tolist(), draft)
+        return accepted, emitted, None if draft is None else piece[: draft.tree.max_depth + 1]
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int,
@@ -216,27 +170,14 @@ class Engine:
         check_context(self.context_length, max_new_tokens, self.model)
         dev = self.device
         want_hidden = drafter.needs_hidden_states
-        want_prompt = drafter.needs_prompt_logits
-        buf = torch.empty(len(prompt_ids) + max_new_tokens + 1, dtype=torch.long)
-        buf[: len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long)
+        buf = token_buffer(prompt_ids, max_new_tokens)
         cur = len(prompt_ids)
 
         cache = self.new_cache(cur, max_new_tokens, want_hidden)
         t0 = now(dev)
-        out = self.model(
-            input_ids=buf[:cur][None].to(dev), **with_cache(self.model, cache), use_cache=True,
-            logits_to_keep=1, output_hidden_states=want_hidden or want_prompt,
-        )
-        first = first_token(select(out.logits[0, -1:], torch.full((1,), cur - 1)), out.logits[0, -1], self.model,
-                            buf[:cur])
-        if want_prompt:  # the earlier rows' logits from their hidden states (post-norm), so the last
-            # row, which chose the first token, stays exactly the one plain decoding computes
-            head = self.model.get_output_embeddings()
-            rows = torch.cat([head(out.hidden_states[-1][0, :-1]), out.logits[0, -1:]])
-            drafter.observe_prompt(buf[:cur], rows)
+        first, out = prefill(self.model, buf[:cur], cache, select, drafter, dev)
         t_prefill = now(dev) - t0
-        if want_hidden:
-            drafter.observe_prefill(out.hidden_states[-1][0])
+        observe_prefill(drafter, out)
         buf[cur] = first
         cur += 1
         new = [first]
@@ -250,9 +191,7 @@ class Engine:
         while len(new) < max_new_tokens and new[-1] not in self.eos:
             cache_len = cur - 1  # the root (last decided token) is not in the cache yet
             root = new[-1]
-            draft = drafter.propose(DecodeState(tokens=buf[:cur], prompt_len=len(prompt_ids), step=step))
-            if draft is not None and len(draft.tree) == 0:
-                draft = None
+            draft = propose(drafter, buf, cur, len(prompt_ids), step)
             ids, pos, mask = self.step_inputs(cache_len, draft, root)
             logits, hidden = self._forward(cache, cache_len, ids, pos, mask, want_hidden)
             accepted, emitted, path = self._verify(logits, draft, ids, cache_len, select, drafter)
@@ -260,15 +199,12 @@ class Engine:
             if draft is not None or self.compiled is not None:  # a static cache holds the padded rows too
                 keep = [0] + accepted  # rows to keep, in order; on the device they are the path's head
                 compact_kv_cache(cache, cache_len, keep, None if path is None else path[: len(keep)])
-            for i, tok in enumerate(emitted):  # stop at EOS or the budget, whichever comes first
-                if tok in self.eos or len(new) + i + 1 >= max_new_tokens:
-                    emitted = emitted[: i + 1]
-                    break
+            emitted = cut_at_stop(emitted, self.eos, len(new), max_new_tokens)
             buf[cur : cur + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
             cur += len(emitted)
             new.extend(emitted)
             accept_lengths.append(len(emitted))
-            rows_per_step.append(1 if draft is None else draft.tree.size + draft.n_extra)
+            rows_per_step.append(rows_of(draft))
             drafted.append(0 if draft is None else len(draft.tree))
             drafter.observe(
                 StepOutcome(draft=draft, root=root, logits=logits, accepted=accepted, bonus=bonus,

@@ -1,18 +1,12 @@
 """Linear layers for the compiled CPU forward: weights packed once for our own kernel
 (`packed_linear.cpp`), which reads every weight once per step, however many rows the step has.
 
-A verification step multiplies up to a few dozen rows by every weight of the model. Inductor's C++ GEMM
-template (and oneDNN) fetch a block of weights and then compute on it, so on this CPU a 16-row step cost
-the weight read *plus* the arithmetic (docs/compiled-forward.md). The kernel overlaps the two.
-It also makes each row's result independent of the rows beside it (one FMA chain per output, in
-order), so a verification row equals a one-row step bit for bit in these products.
-
-The kernel is built on first use with `torch.utils.cpp_extension` (a C++ compiler, as inductor needs
-anyway) and cached on disk by torch (`TORCH_EXTENSIONS_DIR`). The language standard and every flag that
-depends on the torch version are left to `cpp_extension`, which knows what the installed headers need.
-It needs x86-64 with AVX2 and FMA; `available()` says whether this machine can run it and
-`build_problem()` whether it builds here. Where either says no, the compiled forward uses inductor's own
-products (specbench/decoding/forward_choice.py): the kernel is a speed-up, never a requirement.
+The kernel overlaps the weight reads with the arithmetic, and computes each output as one FMA chain
+in order, so a verification row equals a one-row step bit for bit in these products. It is built on
+first use by `torch.utils.cpp_extension` and cached by torch (`TORCH_EXTENSIONS_DIR`); it needs
+x86-64 with AVX2 and FMA. `available()` and `build_problem()` say whether it runs and builds here;
+where not, the compiled forward uses inductor's products (decoding/forward_choice.py): the kernel is
+a speed-up, never a requirement. Why it was written: docs/compiled-forward.md.
 """
 
 from __future__ import annotations

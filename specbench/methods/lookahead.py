@@ -1,70 +1,14 @@
 """Lookahead Decoding (Fu et al., arXiv 2402.02057; hao-ai-lab/LookaheadDecoding), on the core engine.
 
-One forward pass per step carries two branches that never see each other:
-
-* the lookahead branch, a Jacobi window of `levels` x `cols` cells. Cell (0, 0) is the root (the
-  last decided token, row 0 of the forward); every other cell is an extra (non-candidate) row of the
-  Draft, never accepted. Cell (l, c) sits at position offset l + c from the root (the original's
-  position ids). Level 0 is causal among itself; cell (l, c), l >= 1, sees level-0 columns <= c and
-  column c of levels 1..l, so every cell sees a contiguous run of positions, root .. root + l + c.
-* the verification branch: the (N-1)-grams the pool holds for the root, as draft-tree nodes (each
-  sees the cached prefix, the root and its own earlier tokens; never a window cell).
-
-Window. It starts as one level of W + N - 2 columns: the root and W + N - 3 tokens drawn at random
-from the prompt (seeded). Warm-up (N - 2 steps): the top level's predictions (argmax of its rows'
-logits) minus the first become a new level, and every level drops its first column, so the window
-grows a level and loses a column per step until it holds N - 1 levels of W columns. Then, every
-step: for each column c, the n-gram (level 0..N-2 of column c, then the top cell's prediction) goes
-into the pool keyed by its level-0 token (the root for column 0); level 0 is dropped, each level
-moves down one, the top level's predictions become the new top level, and the new root replaces
-cell (0, 0). Every cell thus keeps offset l + c as the root advances by one.
-
-Several tokens accepted in one step: the window still moves one level, as the original's greedy
-path does (it asserts ALWAYS_FWD_ONE); the window is a guess generator, so its cells' positions only
-need to be consistent within the forward pass, which they are. The alternative the original offers
-only to its sampling path (ALWAYS_FWD_ONE=0: drop as many extra columns as tokens accepted so each
-cell keeps its absolute target position, refill the right edge with random prompt tokens) was
-measured here and is worse: MAT 1.535 against 1.661 for one-level moves (SmolLM2-135M-Instruct,
-greedy, the first question of each of the 6 Spec-Bench subtasks, 128 new tokens, 666 tokens in all);
-the refilled columns feed the pool junk n-grams for N - 2 steps.
-
-Pool: a first token maps to at most G (N-1)-grams, least recently inserted first; inserting one that
-is already there makes it the newest, and the oldest is evicted beyond G (the original's LRU).
-Pool lifetime (`pool`): `turn` (default) empties it before every turn, as Spec-Bench does (it builds
-a fresh pool on every generate call, so MT-bench's turn 2 starts empty too); `question` keeps it
-across the turns of a question; `run` keeps it across questions. With `prompt_ngrams` the
-pool is seeded with the prompt's N-grams and fed each N-gram of the output as it is decided (the
-original's POOL_FROM_PROMPT).
-
-Verification branch (`merge_candidates`). Merged (default): the pool's n-grams for the root form a
-trie, so shared prefixes are verified once; the deepest accepted path of the trie is exactly the
-longest matching row of the original's flat verification, with fewer rows. Flat: one chain per
-n-gram, the original's layout; the engine's verifier follows the first sibling whose token matches,
-so a later row with the same first tokens but a longer match is lost: in any one step flat rows
-accept no more than the trie. Over a run the window and pool then evolve differently, so a single
-question can go either way. Measured (greedy, 128 new tokens): on the 6 questions above (666
-tokens) merged MAT 1.661 with 36.0 rows per step, flat 1.632 with 37.4; on `task=spec_bench
-task.per_subtask=2` (12 questions, 14 turns, 1429 tokens) merged 1.728 with 36.4 rows per step,
-flat 1.673 with 37.8; both 12/12 equal to AR.
-
-Stand-in candidate. The engine skips a draft whose tree has no node, which would stall the window
-on every step where the pool has nothing for the root. Such a step therefore verifies one stand-in
-node, the window's own guess for the next position (cell (1, 0), Jacobi decoding's guess). The
-original verifies nothing there; the stand-in is sometimes accepted (`stats["stand_in_accepted"]`),
-so MAT here is slightly above what the original would get: on the 6 questions above, 183 of 401
-steps had a stand-in and 7 of them accepted it (7 of the 666 tokens).
-
-Lossless: window cells are extra rows (never candidates, never seen by tree rows; the engine
-verifies tree rows only and drops the extra rows from the KV cache), and every candidate is checked
-by the engine's verifier, greedy or position-keyed sampling alike. The window's predictions are
-argmax guesses at any temperature, as in the original.
-
-Spec-Bench's vendored copy of the original counts a fully matched row one token short (its match
-loop cannot reach N - 1), so its published Lookahead MAT is slightly below the algorithm's.
-
-Other departures from the original: the verification branch is used during warm-up too (the pool
-may already hold n-grams with `pool=question|run` or `prompt_ngrams`); N = 2 (a one-level window: plain
-Jacobi guesses feeding 1-grams) works.
+One forward per step carries two branches that never see each other: the lookahead branch, a Jacobi
+window of `levels` x `cols` cells sent as extra rows (never candidates), whose columns feed an n-gram
+pool; and the verification branch, the pool's (N-1)-grams for the root as draft-tree nodes (a trie
+by default, `merge_candidates`). Lossless: no tree row sees a window cell, the engine drops the extra
+rows from the KV cache, and every candidate goes through the engine's verifier. `pool` sets the
+pool's lifetime (turn, question, run); `prompt_ngrams` seeds it from the prompt.
+docs/lookahead.md describes the window and the pool, where this departs from the original (one
+level per step, a stand-in candidate when the pool is empty, the pool used during warm-up) and what
+those choices measured.
 """
 
 from __future__ import annotations

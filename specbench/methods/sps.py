@@ -2,26 +2,12 @@
 a small draft model that shares the target's tokenizer proposes a chain of `gamma` tokens, one at a
 time; one target forward verifies them.
 
-The draft is either a separate model (`draft=vicuna-68m`, a conf/model name, a local directory or a
-hub id; Spec-Bench pairs vicuna-68m with vicuna-7b) or the target itself cut short
-(`draft=self:layers=N`: its first N decoder layers, its final norm and its head, the self-speculative
-draft of LayerSkip and Draft & Verify; every weight shared with the target, none copied).
-
-The draft keeps its own KV cache, always holding a prefix of the decided sequence: after a
-verification it is cropped back to the accepted tokens it computed, and the next proposal feeds what
-it has not seen (the bonus token, and the last draft token when the whole chain was accepted). Its
-prefill of the prompt happens in the first proposal of a turn, so every draft forward is timed
-inside the step that needs it.
-
-Sampling. The engine's target token at every row is argmax(filter(logits / T) + g(position)), with
-Gumbel noise g keyed by the absolute position (decoding/sampling.py), and a draft token is accepted
-when it equals the target's token at its parent: the output equals AR's whatever the draft proposes.
-So the draft proposes with the same noise at the same positions on its own logits (a Gumbel-max
-coupling): where the two distributions are close, the two argmaxes agree, and a draft token is
-accepted nearly as often as SpS's min(1, p/q) rule would accept it (docs/sps.md). That needs the
-run's sampler (`self.sampler`, the PositionSampler the runner binds per question and turn; taken from
-`Target.sampler` where the runner offers it). Without it, or with `coupled=false`, the draft
-proposes its argmax.
+The draft is a separate model (`draft=vicuna-68m`, a conf/model name, a local directory or a hub id)
+or the target cut short (`draft=self:layers=N`, every weight shared). It keeps its own KV cache,
+always a prefix of the decided sequence, and its prefill runs inside the first proposal of a turn,
+so it is timed. At T > 0 the draft proposes with the run's position-keyed Gumbel noise
+(`self.sampler`), a coupling that stands in for SpS's min(1, p/q) rule and keeps the output equal to
+AR's; without a sampler, or with `coupled=false`, it proposes its argmax. Details: docs/sps.md.
 """
 
 from __future__ import annotations

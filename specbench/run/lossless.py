@@ -1,36 +1,14 @@
 """The lossless check: every emitted token is the target's choice, up to the forward's rounding.
 
-Two checks per question, both on the real model:
-
-1. Every token (`check_tokens`), independent of AR's trajectory: one teacher-forced forward over prompt +
-   the method's own output gives the target's scores at every position, and each emitted token must
-   be the choice there (greedy: the argmax; sampling: the argmax of the filtered, tempered logits plus
-   that position's keyed noise, as the sampler defines it), or within the rounding band of it.
-2. Against AR (`compare_question`): exact, or a first divergence judged by a float32 referee. The
-   method's token must lie within the band of the top score there (a plain forward in the run's
-   dtype); it is numeric when its float32 margin to AR's token is inside the band too (rounding could
-   have flipped them), a bug otherwise.
-
-The rounding band (`rounding_band`). Two forwards that compute the same logits in different orders (a
-w-row tree and a one-row step; a teacher-forced sequence) give logits that differ by rounding: every
-stored activation and the logits themselves are rounded to the dtype, so the difference scales with
-the dtype's spacing at the logits' magnitude, not with any fixed number. An argmax (no softmax
-involved) flips between tokens a and b only if the difference of their logits moves by more than
-their margin, and |d(z_a - z_b)| <= 2 max_i |d z_i|. The band is BAND_ULPS units of the dtype's spacing
-at the row's largest |logit|, twice the largest |d z| measured between the teacher-forced forward and
-step-by-step decoding on the embedded model (docs/protocol.md, "Lossless check"): half precision
-keeps each activation to 8 or 11 bits, so the layers' rounding dominates and stays within a few ulps;
-float32's spacing is so fine that the order of accumulation inside the products dominates instead,
-hence more ulps there, yet a far tighter band in absolute terms.
-
-That assumed band is the upper bound and the fallback. A run measures its own band before timing
-(specbench/run/rounding_band.py: the spread of near-top margins between a tree forward, a
-one-row step and the teacher-forced forward on the real model, per model, device, dtype and forward)
-and passes it here as `band`: a token is numeric only within the measured band, a divergence only
-when the float32 referee's margin is inside it. In half precision the measured spread can still be
-wider than a bug (bfloat16 on a CPU: about 0.4 logits), so a run also fails when the share of numeric
-tokens exceeds `lossless.max_numeric_share` (`numeric_share_exceeded`): a verifier that prefers the
-runner-up near a tie makes many, an honest one few.
+Two checks per question, both on the real model: `check_tokens` compares every emitted token with
+the target's choice in one teacher-forced forward over prompt + output (greedy: the argmax;
+sampling: the argmax of the filtered, tempered logits plus that position's keyed noise), independent
+of AR's trajectory; `compare_question` compares with AR, a first divergence judged by a float32
+referee. A token off the target's choice is numeric only within the rounding band (`rounding_band`,
+in ulps of the row's largest |logit|): the band the run measured (run/rounding_band.py), passed as
+`band`, else the assumed BAND_ULPS. A run also fails when numeric tokens exceed
+`lossless.max_numeric_share`. Why a band in ulps, and what was measured: docs/protocol.md,
+"Lossless check".
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from specbench.decoding.forward_choice import choose_forward
+from specbench.config import NO_CURVE, RunPlan
 from specbench.errors import SettingsError
 from specbench.inputs.models import resolve_device, resolve_dtype, run_dtype
 from specbench.registry import drafter_class
@@ -48,7 +49,7 @@ def results_dir_for(cfg: dict, method: str) -> Path:
     rep = f"-r{cfg['repeat']}" if cfg["repeat"] else ""  # repeated runs: -r1, -r2, ...
     # a half-precision run beside its float32 twin (a dtype sweep): -bf16, -fp16; float32 and auto
     # keep the names every committed result has
-    rep = {"bfloat16": "-bf16", "float16": "-fp16"}.get(cfg.get("dtype"), "") + rep
+    rep = {"bfloat16": "-bf16", "float16": "-fp16"}.get(cfg["dtype"], "") + rep
     variant = ""
     if method == cfg["method"]["name"]:
         variant = method_variant(cfg)
@@ -95,6 +96,7 @@ def identity(cfg: dict) -> dict:
         **({"device_name": cfg.get("device_name")} if str(cfg["device"]).startswith("cuda") else {}),
         "seed": cfg["seed"],
         # answers from the compiled forward are kept apart from eager ones (older runs: eager, no key)
+        # (settings not yet planned, as the reports and tests read them: the eager forward)
         **({"forward": cfg["forward"]} if cfg.get("forward", "eager") != "eager" else {}),
         # the code, the questions' contents, whether answers were checked and the machine's thread count:
         # a resume never mixes answers of another code, question file, check setting or thread count
@@ -139,32 +141,36 @@ def check_identity(path: Path, ident: dict, config_file: str = "run_config.json"
             )
 
 
-def prepared_settings(cfg: dict) -> dict:
+def plan_run(cfg: dict) -> RunPlan:
     """Every setting checked before anything loads, then what this machine makes of them: the device,
-    the forward it can run (forward_choice.py) and the names results record."""
-    cfg = dict(cfg)
-    if cfg["max_new_tokens"] is None:
-        cfg["max_new_tokens"] = cfg["task"]["max_new_tokens"]
-    validate(cfg)  # every setting, method settings included, before anything is loaded
+    the dtype, the forward it can run (forward_choice.py), the host memory policy, the names results
+    record."""
+    max_new = cfg["max_new_tokens"] if cfg["max_new_tokens"] is not None else cfg["task"]["max_new_tokens"]
+    validate(dict(cfg, max_new_tokens=max_new))  # every setting, method settings included
     torch.manual_seed(cfg["seed"])
     device = resolve_device(cfg["device"])
-    cfg["device"] = str(device)
-    cfg["dtype"] = run_dtype(cfg["dtype"], device, cfg["model"])  # auto: by device and model (results name it)
-    cfg["forward"] = choose_run_forward(cfg, device, resolve_dtype(cfg["dtype"]))
-    cfg["host_memory"] = apply_host_memory(cfg.get("host_memory", "keep"))  # what is in effect
-    cfg["device_name"] = device_name(device)
-    return cfg
+    dtype = run_dtype(cfg["dtype"], device, cfg["model"])  # auto: by device and model (results name it)
+    forward, curve = choose_run_forward(cfg, device, resolve_dtype(dtype))
+    return RunPlan(device=str(device), device_name=device_name(device), dtype=dtype, forward=forward,
+                   host_memory=apply_host_memory(cfg["host_memory"]), max_new_tokens=max_new, cost_curve=curve)
 
 
-def choose_run_forward(cfg: dict, device, dtype) -> str:
-    """The forward this run gets on this machine (forward_choice.choose_forward), each step down from
-    what the settings ask for said in one line. A cost-curve file measured on the forward asked for
-    no longer fits a run that stepped down: it measures a quick curve on its own forward instead."""
+def prepared_settings(cfg: dict) -> dict:
+    """The settings as this machine runs them (`plan_run`'s plan applied)."""
+    return plan_run(cfg).applied(cfg)
+
+
+def choose_run_forward(cfg: dict, device, dtype) -> tuple[str, str | None]:
+    """(forward, cost_curve): the forward this run gets on this machine (forward_choice.choose_forward),
+    each step down from what the settings ask for said in one line, and the curve setting it can use (a
+    curve file measured on the forward asked for no longer fits a run that stepped down: it measures a
+    quick curve on its own instead)."""
     choice = choose_forward(cfg["compile"], cfg["compile_products"], device, dtype)
     for line in choice.warnings:
         print(line, file=sys.stderr)
-    if choice.warnings and cfg["cost_curve"] not in (None, False, "auto", "off", "none"):
-        print(f"warning: cost_curve {cfg['cost_curve']} was measured on another forward: this run measures "
+    curve = cfg["cost_curve"]
+    if choice.warnings and curve not in (*NO_CURVE, "auto"):
+        print(f"warning: cost_curve {curve} was measured on another forward: this run measures "
               "a quick curve on its own", file=sys.stderr)
-        cfg["cost_curve"] = "auto"
-    return choice.name
+        curve = "auto"
+    return choice.name, curve

@@ -1,25 +1,13 @@
 """The lossless check's rounding band, measured on the run's own model, dtype, device and forward.
 
-Two forwards that compute the same logits in a different order (a w-row tree forward and AR's one-row
-step; the check's teacher-forced forward over the whole output) give logits that differ by rounding
-alone. An argmax flips between tokens a and b only when z_a - z_b moves by more than their margin, so
-what bounds an honest flip is how far the *margins* between near-top tokens move from one forward to
-the other, not any fixed number of logits. `measure_band` measures exactly that on the real model:
-
-1. AR, step by step (one-row forwards through the run's engine), records every step's logits;
-2. a tree forward at the same positions: a drafter that proposes AR's own next tokens as a chain plus
-   distractor siblings (a `tree_width`-row forward, as a verifier sees it) records the chain's rows;
-3. the teacher-forced forward that `lossless.check_tokens` uses, over prompt + AR's output.
-
-For each row of 2 and 3 paired with AR's row at the same position, the spread is
-max over tokens i, j among either row's top `TOP` of |d(z_i - z_j)| (d: the difference between the two
-forwards), in logits and in units of the dtype's spacing (ulp) at the row's largest |logit|. The band
-is the largest spread times SAFETY (below), in ulps, applied per row at that row's largest |logit|; it
-never exceeds `lossless.rounding_band` (the assumed upper bound, the fallback when nothing was
-measured). Device-agnostic: everything runs where the model lives, through the engine it is given.
-
-The measurement is cached per (model, device name, dtype, forward, torch version) under the specbench
-cache, so a run measures once per machine and loads it afterwards.
+An argmax flips between tokens a and b only when z_a - z_b moves by more than their margin, so the
+band bounds how far the margins between near-top tokens move between two forwards that compute the
+same logits in a different order. `measure_band` pairs AR's one-row steps with a tree forward (AR's
+own continuation as a chain plus distractor siblings) and with the check's teacher-forced forward,
+takes the largest spread over either row's top `TOP` tokens in ulps of the row's largest |logit|,
+and scales it by SAFETY, never beyond `lossless.rounding_band`. Cached per (model, device name,
+dtype, forward, torch version). The procedure and the measured bands: docs/protocol.md,
+"Lossless check".
 """
 
 from __future__ import annotations

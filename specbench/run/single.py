@@ -17,6 +17,7 @@ import torch
 
 from specbench.decoding.engine import Engine
 from specbench.decoding.sampling import PositionSampler
+from specbench.config import RunPlan
 from specbench.drafter import Target
 from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.markdown import markdown_table
@@ -24,7 +25,7 @@ from specbench.inputs.models import resolve_dtype
 from specbench.inputs.tasks import SUBTASKS, WARMUP_QUESTION, Question, load_task
 from specbench.registry import build_drafter, drafter_class
 from specbench.run import baselines, lossless, metrics
-from specbench.run.plan import check_identity, identity, prepared_settings, results_dir_for, run_identity
+from specbench.run.plan import check_identity, identity, plan_run, results_dir_for, run_identity
 from specbench.run.results_io import append_jsonl, repair_jsonl, write_json_atomic
 from specbench.run.settings import method_params
 from specbench.run.target import load_engine, make_sampler, run_cost_curve
@@ -142,7 +143,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
                              or r.get("lossless", {}).get("tokens", {}).get("tokens_outside_band")],
         "drafter_stats": metrics.sum_statistics([r.get("drafter_stats") for r in records]),
         "warmup": cfg["warmup"], "warmup_on": cfg["warmup_on"],
-        "forward": cfg.get("forward", "eager"), "host_memory": cfg.get("host_memory", "system"),
+        "forward": cfg["forward"], "host_memory": cfg["host_memory"],
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -212,6 +213,7 @@ class RunInProgress:
     ar: object = None
     sampler: PositionSampler | None = None
     band: dict | None = None  # the measured rounding band the lossless check uses (rounding_band.py)
+    plan: RunPlan | None = None  # what this machine makes of the settings (config.RunPlan)
 
     @property
     def method(self) -> str:
@@ -228,8 +230,8 @@ class RunInProgress:
 
 def run_single(cfg: dict) -> "Finished":
     """One request at a time: run, write answers and summary, print the table."""
-    cfg = prepared_settings(cfg)
-    run = open_run_directory(cfg)
+    plan = plan_run(cfg)
+    run = open_run_directory(plan.applied(cfg), plan)
     baseline = baseline_for(run)
     load_target_and_drafters(run)
     measure_rounding_band(run)  # before anything is timed (cached per model, device, dtype, forward)
@@ -240,7 +242,15 @@ def run_single(cfg: dict) -> "Finished":
     return finish(run, baseline)
 
 
-def open_run_directory(cfg: dict) -> RunInProgress:
+def write_run_config(run: "RunInProgress") -> None:
+    """run_config.json: the run's identity, its settings as planned, and the rounding band it measured."""
+    band = {k: run.band[k] for k in ("band_ulps", "band_logits", "measured_ulps", "measured_logits", "safety",
+                                     "forward", "cached") if k in run.band} if run.band else None
+    write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(run.cfg), "config": run.cfg,
+                                                        **({"rounding_band": band} if band else {})})
+
+
+def open_run_directory(cfg: dict, plan: RunPlan | None = None) -> RunInProgress:
     """The run's directory: refused if it holds answers of other settings, else its config written
     and its finished answers read back (a rerun resumes)."""
     import weakref
@@ -254,9 +264,9 @@ def open_run_directory(cfg: dict) -> RunInProgress:
     try:
         # a run's own answers also depend on the method and its settings (AR references do not)
         check_identity(out_dir, run_identity(cfg))
-        write_json_atomic(out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
         done = {r["question_id"]: r for r in repair_jsonl(out_dir / "answers.jsonl")}
-        run = RunInProgress(cfg, load_task(cfg["task"]), out_dir, done)
+        run = RunInProgress(cfg, load_task(cfg["task"]), out_dir, done, plan=plan)
+        write_run_config(run)
     except BaseException:
         lock.release()
         raise
@@ -286,10 +296,10 @@ def load_target_and_drafters(run: RunInProgress) -> None:
     reserve_compiled_cache(run.engine, [drafter_class("ar"), drafter_class(run.method)], run.tok, run.todo,
                            cfg["model"]["chat_template"], cfg["max_new_tokens"])
     if run.engine.forward_name != cfg["forward"]:  # compiling the model failed: the engine went on eager
-        cfg["forward"] = run.engine.forward_name
+        run.plan = run.plan.stepped_down(run.engine.forward_name)
+        run.cfg = cfg = run.plan.applied(cfg)
         check_identity(run.out_dir, run_identity(cfg))  # answers resumed from the compiled forward do not mix
-        write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
-        cfg["cost_curve"] = "auto" if cfg["cost_curve"] not in (None, False, "off", "none") else "off"
+        write_run_config(run)
     run.curve = run_cost_curve(cfg, run.model, run.engine)
     if run.curve is not None:
         run.curve.save(run.out_dir / "cost_curve.json")
@@ -316,9 +326,7 @@ def measure_rounding_band(run: RunInProgress) -> None:
                                         if cfg["model"].get("path") else "")
     run.band = load_or_measure(run.model, run.tok, model_key, cfg["device_name"], cfg["dtype"],
                                engine=run.engine, template=cfg["model"]["chat_template"])
-    cfg["rounding_band"] = {k: run.band[k] for k in ("band_ulps", "band_logits", "measured_ulps", "measured_logits",
-                                                     "safety", "forward", "cached") if k in run.band}
-    write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(cfg), "config": cfg})
+    write_run_config(run)
 
 
 def ar_goes_first(run: RunInProgress, q: Question) -> bool:

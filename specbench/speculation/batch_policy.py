@@ -1,47 +1,13 @@
 """How much to speculate when several requests share a forward (SmartSpec, arXiv 2406.14066, for trees).
 
-A batched step pads every request's rows to the widest one (decoding/batched.py), so its cost is
-t(B, R): B requests of R rows each. A request b whose R - 1 most likely draft nodes have acceptance
-probabilities p_b(1) >= p_b(2) >= ... emits on average 1 + sum_{i < R} p_b(i) tokens, so the step's
-goodput is
-
-    G(R) = sum_b (1 + sum_{i < R} p_b(i)) / (t(B, R) + h_draft)     (R > 1)
-    G(1) = B / (t(B, 1) + h_plain)
-
-where h is what a step costs beyond the forward's curve, measured as each step's time minus t(B, R),
-by kind of step: host work the curve leaves out, and the curve's own error for the shapes a run meets
-(it is measured once, on full slots; a run's steps can be faster than it says, so h is signed: were
-it floored at 0, a curve that overstates plain steps would make every tree look cheap against them).
-h_plain is over steps that did not draft: what batched AR pays.
-h_draft is over steps that verified a tree (drafting, ranking, the tree's mask, compacting the
-cache, and whatever the warm curve leaves out of a new shape's first forward), so speculation must
-win by that much before the policy takes it (with one h for both, a slow drafter would make every
-extra row look cheaper). Tree steps are few where speculation barely pays, and one slow one (a cold
-shape, a slow spell of the machine) would otherwise keep the policy from ever trying again: so their
-samples age (their weight halves every `host_half_life` steps) and h_draft is shrunk towards the
-figure of probes (steps that drafted but verified nothing: drafting alone), worth one fresh sample.
-Each running mean starts at its first sample; until there is one, h_plain is the drafting steps'.
-
-The policy verifies, each step, the R that maximises G (R = 1: every request decodes plainly, which is
-batched AR), where a tree must beat a plain step's G by `min_gain` (5%, as tr_adaptive asks): where a
-method's top node is accepted about as often as an extra row costs, the choice is a coin flip on noisy
-estimates, and losing it costs more than winning it gains. When the best R is 1, the next steps do not
-draft at all (a tree no one verifies costs host time AR does not pay): the policy skips 1, 2, 4, ...
-up to 16 steps before it drafts again to see whether speculation pays by then (SmartSpec's rule: no
-speculation, no draft). Otherwise each
-request keeps its R - 1 best nodes, a parent-closed sub-tree (p is non-increasing down every path).
-p is the drafter's own estimate where it gives one (`Draft.node_probs`: tr_adaptive's and tr_fused's
-confidences, EAGLE-2's path scores), calibrated on the batch's outcomes (the rate at which nodes it
-gave q = p / p(parent) in each tenth were accepted given their parent was), else it comes from
-per-request decayed rates of acceptance given the parent was accepted, by (depth, sibling rank)
-(`RateTable`), started from the rates pooled over the requests seen so far, so the policy works for
-any tree method. Both learn from every draft the policy saw, verified or not: a draft it cut
-whole is learned from once the tokens after its root decide what it would have accepted (tr_adaptive's
-counterfactual outcomes), so estimates that fell are corrected by the drafts that would have paid.
-
-`BatchCost` is t(B, R) measured on the batched forward (`measure_batch_cost`), interpolated in R and
-in B. `FixedSpeculation` keeps every draft whole: what a serving engine does with a fixed
-speculation length.
+A batched step pads every request's rows to the widest one, so it costs t(B, R) (`BatchCost`, from
+`measure_batch_cost`). Each step the policy verifies the R that maximises the goodput
+G(R) = sum_b (1 + sum_{i < R} p_b(i)) / (t(B, R) + h), R = 1 being batched AR, where h is the measured
+host cost of a step of that kind; a tree must beat a plain step by `min_gain`, and while R = 1 wins
+the drafters rest for 1, 2, 4, ... 16 steps (SmartSpec: no speculation, no draft). Each request keeps
+its R - 1 likeliest nodes, a parent-closed sub-tree; p is the drafter's `Draft.node_probs`,
+calibrated on the batch, else per-request rates (`RateTable`). `FixedSpeculation` keeps every draft
+whole. How h and p are estimated, and why: docs/batched-serving.md, "How much to speculate".
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The hardware's cost curve: time of one verification forward of w rows, and the speedup bound.
 
-`measure_cost_curve` times the engine's own `forward_rows` (mask building included) for w rows
-(the root + w - 1 draft nodes in a chain; w = 1 is the plain AR step, no mask) after a prefix of
-`context_len` tokens, device-synchronised, interleaving the widths over the repeats so drift
-spreads evenly, and keeps the median per width. The attention mask is dense, so a chain and a
-tree of the same row count cost the same.
-
-`scripts/profile_cost.py` measures the full curve (w = 1..W) and caches it per (model, device
-name, dtype) as JSON under $SPECBENCH_CACHE/cost/ (default ~/.cache/specbench/cost/). `curve_for`
-returns that cached curve, or else measures a quick one (`QUICK_WIDTHS`, seconds) that lives only
-in this process: a quick curve taken on a busy machine must not decide a later run's trees, so only
-the profiler writes the cache. Runs write the curve they used into their results directory.
-
-Speedup bound of a run: the speedup it would reach with zero harness overhead (drafting,
-verification, KV compaction, Python), each step costing exactly its forward:
-sum(accepted lengths) x t(1) / sum(t(rows of each step)). For a fixed tree this is
-MAT x t(1) / t(rows); for methods whose width varies (PLD, REST, adaptive TR) t is not linear, so
-the per-step sum is the exact figure and MAT x t(1) / t(mean rows) is kept beside it as
-`bound_mean_rows`. The bound excludes prefill, so it is to be read against the decode-only speedup.
-
-A curve may carry the machine's roofline (specbench/speculation/roofline.py: memory bandwidth, matmul
-throughput, the model's weight bytes and FLOPs per row), so that `floor(w)` and t(w) / floor(w) say
-how far the timed forward is from the hardware's limits. The profiler always measures it; a quick
-curve gets it too (about a second, once per process); curve files written before it load without.
+`measure_cost_curve` times the engine's own `forward_rows` for w rows after `context_len` cached
+tokens (device-synchronised, the median per width). `scripts/profile_cost.py` measures the full
+curve and caches it per (model, device name, dtype) under $SPECBENCH_CACHE/cost/; `curve_for` loads
+it, or measures a quick curve that lives only in this process (only the profiler writes the cache).
+A run's speedup bound, sum(accepted lengths) x t(1) / sum(t(rows of each step)), is its speedup with
+zero harness overhead, prefill excluded. A curve may carry the machine's roofline (roofline.py).
+Details: docs/cost-model.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Goodput-aware draft trees: which sub-tree of a template to verify, given what each node is worth
 and what each forward width costs on this hardware.
 
-A node's worth is p(v), the probability that v lies on the accepted path. At most one node per
-depth is accepted, so a step that verifies the parent-closed node set S emits on average
-1 + sum_{v in S} p(v) tokens (the accepted nodes plus the bonus) and costs t(|S| + 1), the forward
-time of |S| + 1 rows (the root included). With p non-increasing down every path, the best set of m
-nodes is the m nodes of highest p (ties go to the lower index, i.e. parents first, so the set stays
-parent-closed), and the best step is argmax over m of (1 + prefix_sum_m(p)) / t(m + 1): one sort and
-one scan, m = 0 being the plain autoregressive step.
-
-The estimates come from counterfactual outcomes: once the tokens that followed a step's root are
-decided, the template node whose tokens spell the longest prefix of them is known whatever was
-drafted (the drafter keeps each step's full template), so every node is observed at every step and
-no node needs to be drafted to be explored. Two estimators: `AcceptanceStats`, p(v) per template
-slot; and `RateTable` + `path_probabilities`, p(v) = p(parent) x q(class of v), where q is the rate
-at which nodes of v's class (e.g. its stored confidence) were accepted when their parent was.
-
-Everything here is pure (plain lists and floats) so it can be tested directly and costs tens of
-microseconds per step.
+A node's worth p(v) is the probability that it lies on the accepted path, so verifying a
+parent-closed set S emits 1 + sum_{v in S} p(v) tokens on average for t(|S| + 1); with p
+non-increasing down every path the best step is argmax over m of (1 + prefix_sum_m(p)) / t(m + 1),
+m = 0 being the plain step. Estimates come from counterfactual outcomes: `AcceptanceStats` per
+template slot, or `RateTable` + `path_probabilities`. Pure (plain lists and floats), so it is tested
+directly. Derivation and estimators: docs/token-recycling.md, "Hardware-aware speculation".
 """
 
 from __future__ import annotations

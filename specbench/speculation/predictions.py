@@ -1,19 +1,10 @@
 """Predicted speedups of each method on a cost curve: MAT x t(1) / t(rows per step).
 
-Two sources of (MAT, rows per step):
-
-- published: the MATs in results/published/ (Spec-Bench's A100 leaderboard, the Token Recycling paper's
-  table) for the Vicuna model of the curve's shape. Rows per step where the published setting fixes
-  them (`PUBLISHED_ROWS`: TR's 80-node tree + root, Medusa's mc_sim_7b_63, EAGLE-2's total_token);
-  else the mean rows of this harness's committed run of the same method (`HARNESS_METHODS`), named in
-  the row; else none (no prediction). The published speedup (A100) stands beside the prediction.
-- traces: this harness's committed CPU runs (`CURRENT_TRACES`, results/README.md), replayed step by
-  step on the curve with `cost.run_bound` (each step's rows and accepted length). Their MATs are
-  SmolLM2-135M's; methods that size their draft to a curve (tr_adaptive, tr_fused, EAGLE-2's
-  dynamic tree) keep the rows they chose for the CPU's curve.
-
-The prediction counts target forwards only (as `run_bound`): drafting is free in it, SpS's draft model
-and EAGLE's head included. AR is left out (1 by definition).
+Two sources of (MAT, rows per step): the published MATs (results/published/) with the published
+setting's rows (`PUBLISHED_ROWS`) or this harness's (`HARNESS_METHODS`), and this harness's
+committed CPU traces (`CURRENT_TRACES`) replayed step by step on the curve (`cost.run_bound`).
+The prediction counts target forwards only (drafting is free in it); AR is left out (1 by
+definition). Sources in detail: docs/cost-model.md; reading them: docs/gpu.md.
 """
 
 from __future__ import annotations

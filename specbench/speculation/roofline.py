@@ -1,27 +1,10 @@
 """How far the timed forward is from the hardware's limits: a roofline floor beside the cost curve.
 
-A forward of w rows after `context` cached tokens must at least read the model's weights once
-(memory) and do its multiply-adds (compute), so it cannot take less than
-
-    floor(w) = max(weight_bytes / bandwidth, flops(w) / matmul_throughput)
-
-and t(w) / floor(w) says how far the measured forward is from that floor (1 = at the limit). A
-speedup is a ratio of forward costs, so this ratio tells how much of a table's figure comes from
-a forward that is slow for reasons of its own (framework overhead, small-GEMM inefficiency).
-
-What is counted (the floor is optimistic by construction, so the ratio errs towards the forward):
-  - weight_bytes: every parameter read once; a tied embedding / lm_head once. An untied input
-    embedding is left out: its lookup reads w rows, not the table.
-  - flops(w) = 2 x linear_params x w + attn x w x (context + w), where linear_params are the weights
-    of every nn.Linear applied to each row (projections, MLP, and the lm_head: the engine takes the
-    logits of every row), and attn = 4 x layers x heads x head_dim (Q.K^T and attention x V, over
-    the context and the w rows themselves, the mask being dense). Norms, activations, softmax,
-    rotary embeddings, the KV cache's own reads (about 3% of the weights for SmolLM2-135M at 400
-    tokens) and the embedding lookup are left out.
-  - bandwidth: best of a few timed sums over a float32 buffer far larger than the caches
-    (`measure_bandwidth`); throughput: best of a few square matmuls in the model's dtype
-    (`measure_matmul`), device-synchronised. Both are what torch reaches on this device, not its
-    datasheet figures.
+A forward of w rows must at least read the weights once and do its multiply-adds, so
+floor(w) = max(weight_bytes / bandwidth, flops(w) / matmul_throughput), and t(w) / floor(w) says how
+far the measured forward is from that floor (1 = at the limit). The floor is optimistic by
+construction; bandwidth and throughput are what torch reaches on this device, not datasheet
+figures. What it counts and leaves out: docs/cost-model.md.
 
 The pure functions (`flops`, `floor_time`, `Roofline.floor`, `forward_vs_floor`, `width_ratios`) are
 separate from the measuring ones (`measure_bandwidth`, `measure_matmul`, `machine_figures`) and from

@@ -1,1 +1,1 @@
-"""Research tools that no run needs: the device-sync audit, the kernel profile, the tree tuning."""
+"""Research tools that no run needs, for scripts and tests only: the device-sync audit and the kernel profile."""

@@ -1,20 +1,10 @@
 """Where one verification forward's time goes, kernel by kernel, and how fast each matrix product runs.
 
 The roofline (roofline.py) says how far a whole forward is from the hardware; this says which
-kernels make up the gap. `torch.profiler` gives each operator's self time; for a matrix product whose
-shape is known the table adds what it achieved:
-
-    GB/s    = weight bytes (n x k x itemsize) per call / time per call  -- against the memory floor
-    GFLOP/s = 2 x rows x n x k per call / time per call                 -- against the matmul floor
-
-Shapes come from inductor's C++ GEMM template, whose kernels are named after them
-(`graph_0_gemm_ms27n3072k576_kernel`: n = 3072 outputs, k = 576 inputs, the row count symbolic),
-or, for `aten::mm` / `aten::addmm` (eager, or MKL chosen by inductor) and oneDNN's
-`mkldnn::_linear_pointwise` (inductor's other choice for a frozen weight) and our
-`specbench::packed_linear` (the compiled forward's default products on CPU), from the recorded input
-shapes. Inductor names its
-kernels in the profile only when `torch._inductor.config.cpp.enable_kernel_profile` is set before
-compiling (scripts/profile_kernels.py does so).
+kernels make up the gap: `torch.profiler`'s self time per operator and, for each matrix product of
+known shape, the weight bandwidth (GB/s) and FLOP rate (GFLOP/s) it reached. Inductor's kernels are
+named in the profile only when `torch._inductor.config.cpp.enable_kernel_profile` is set before
+compiling (scripts/profile_kernels.py does so). Where the shapes come from: docs/cost-model.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Which host-device synchronisations a decoding step makes, counted on any machine, the CPU included.
 
-On CUDA each of these stalls the host until the device has finished its queued work, so a drafter
-that makes them pays for latency its tokens' location, not its method, causes:
-
-* a read of a device value on the host: `tolist`, `item`, `int(t)`, `bool(t)`, `numpy`, a blocking
-  `.to("cpu")` / `.cpu()`, a `copy_` into a host tensor;
-* an operation whose output size depends on device values: `nonzero`, `unique`, `masked_select`,
-  a boolean mask index;
-* a copy of host data to the device that is not asynchronous: `torch.tensor(..., device=)`, a
-  blocking `.to(device)`, a host tensor used as an index or operand of a device tensor.
-
-On a GPU `torch.cuda.set_sync_debug_mode` sees the first two kinds. Here nothing is on a device,
-so `SyncAudit` follows where every tensor would live: the model's parameters and buffers, and
-whatever is made from device tensors or by a factory given a `device=`, are on the device;
-everything else is on the host. A `.to("cpu")` (the string) or `.cpu()` is read as a copy to the
-host, any other `.to(device)` as a copy to the device. The asynchronous helpers of transfers.py are
-free, and reading a `HostCopy` (or a non-blocking copy to the host) before anything has
-synchronised is recorded as an error: on CUDA it may read bytes that have not arrived.
+On CUDA each one stalls the host until the device's queue drains: a read of a device value on the
+host (`tolist`, `item`, ...), an operation whose output size depends on device values (`nonzero`,
+a boolean mask index, ...), a blocking copy of host data to the device. `SyncAudit` follows where
+every tensor would live (parameters, buffers and whatever is made from them or with a `device=` are
+on the device) and counts all three kinds, where `torch.cuda.set_sync_debug_mode` sees the first two
+on a GPU only. transfers.py's asynchronous helpers are free; reading a `HostCopy` before anything
+synchronised is an error. The full rules: docs/gpu-readiness.md.
 """
 
 from __future__ import annotations

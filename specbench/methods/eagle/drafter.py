@@ -1,22 +1,12 @@
 """EAGLE (Li et al. 2024) with EAGLE-2's dynamic draft tree (Li et al. 2024b; SafeAILab/EAGLE).
 
-A one-layer draft head (eagle_head.py) extrapolates the target's features: from f_t and the token
-x_{t+1} it predicts f_{t+1}, whose lm_head scores x_{t+2}; deeper tokens are drafted from the head's
-own predicted features. The head keeps a KV cache of its own over the decided sequence, fed after
-each verification with the target's features of the root and the accepted rows (the `observe` hook)
-and, in the first proposal of a turn, with the prompt's (so that work is timed).
-
-EAGLE-2's tree (`tree=dynamic`, the default): the root's top_k children start the tree; then `depth`
-times, the top_k nodes of the newest level by path confidence (the product of the head's
-probabilities along the path, summed as log-probabilities) are expanded by one batched head forward
-into top_k children each; finally all candidates are reranked by confidence and the best
-`total_tokens - 1` become the draft. A child is never more confident than its parent, so the kept
-set is a tree. EAGLE-1's static tree (`tree=static`): a Medusa-style choices list of rank paths
-(mc_sim_7b_63 by default), one head forward per level.
-
-The target side is the engine's: one tree forward, its verification (greedy, or position-keyed
-sampling, so the output equals AR's), its KV compaction. The head's draft rows are never stored:
-only decided positions enter its cache, so a rejected branch needs no rollback.
+A one-layer draft head (head.py) extrapolates the target's features. Its KV cache holds decided
+positions only, fed with the target's features (the `observe` hook, and the prompt's in the first
+proposal of a turn, so that work is timed), so a rejected branch needs no rollback. `tree=dynamic`
+(default): EAGLE-2's tree, expanded `depth` times from the `top_k` most confident nodes of the newest
+level, then reranked to the best `total_tokens - 1`; `tree=static`: EAGLE-1's choices list
+(mc_sim_7b_63). The target side is the engine's: one tree forward, its verification, its KV
+compaction. Details: docs/eagle.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """EAGLE's draft head (Li et al. 2024; SafeAILab/EAGLE): the module, its cache, checkpoint I/O.
 
-The head reads the target's feature f_t (its last hidden state after the final norm, lm_head's input)
-with the embedding of the token that followed it, x_{t+1}, and predicts the next feature:
+From the target's feature f_t (its last hidden state after the final norm, lm_head's input) and the
+embedding of the token that followed it, the head predicts the next feature:
 
     g_{t+1} = Decoder(fc([embed(x_{t+1}); f_t]))        lm_head(g_{t+1}) scores x_{t+2}
 
-Decoder: Llama decoder layers (one in every published head) over the head's own KV cache, the first
-without its input norm, and no final norm; the embedding and lm_head are the target's, frozen. Deeper
-drafts feed the head its own predicted features in place of the target's.
-
-Published checkpoints (yuhuili/EAGLE-Vicuna-7B-v1.3, EAGLE-llama2-chat-7B; EAGLE-2 drafts with the
-same heads) are a directory of config.json (a LlamaConfig with num_hidden_layers = 1, optionally
-"bias" for fc) and pytorch_model.bin or model.safetensors with the keys `fc.weight`, `fc.bias`,
-`layers.0.self_attn.{q,k,v,o}_proj.weight`, `layers.0.mlp.{gate,up,down}_proj.weight`,
-`layers.0.post_attention_layernorm.weight` and `embed_tokens.weight`, a copy of the target's embedding
-that we check and drop (the target's own is used). Heads trained here (scripts/train_eagle.py) use the
-same layout without `embed_tokens`.
+Decoder: Llama decoder layers over the head's own KV cache, the first without its input norm, no
+final norm; embedding and lm_head are the target's, frozen. Reads and writes the published
+checkpoint layout (EAGLE's heads and those of scripts/train_eagle.py; docs/eagle.md lists the keys).
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """REST's datastore: the token ids of a corpus and their suffix array, memory-mapped.
 
-On disk a datastore is a directory holding
-
-    tokens.npy   uint32, the corpus' token ids, documents separated by SEPARATOR (2**32 - 1)
-    sa.npy       int32 (int64 past 2**31 tokens), the suffix array of tokens.npy (pydivsufsort)
-    meta.json    format version, tokenizer, vocabulary size, token count, corpus description, and
-                 which tokenizer the ids belong to: the model config's name (`model`) and a hash of
-                 the tokenizer's vocabulary (`vocab_sha256`); see `check_tokenizer`
-
-uint32 ids mean any vocabulary up to 2**32 - 1 works (REST's own store is u16-limited in places).
-Both arrays are opened with `np.load(mmap_mode="r")`, so a multi-GB store is never copied into
-memory; a lookup touches only the O(log n) pages that the binary search visits.
-
-`Datastore.search` does REST's retrieval: the longest suffix of the context (max_span tokens down
-to min_span) with any hit, up to `max_matches` hits in suffix-array order, `continuation_len`
-tokens after each, and the `num_draft` most frequent continuation prefixes as a trie; with
-trie="reference" (the default) that trie is then trimmed as REST's DraftRetriever trims it (see
-`build_trie`), with trie="all_prefixes" all of it is verified.
+A datastore is a directory: `tokens.npy` (uint32 ids, so any vocabulary up to 2**32 - 1; documents
+separated by SEPARATOR = 2**32 - 1), `sa.npy` (its suffix array by pydivsufsort, int32, int64 past
+2**31 tokens) and `meta.json` (format version, vocabulary size, token count, corpus description,
+and the tokenizer the ids belong to: `model` and `vocab_sha256`, see `check_tokenizer`). Both arrays
+are opened with `np.load(mmap_mode="r")`: a lookup touches only the pages its binary search visits.
+`Datastore.search` is REST's retrieval: the longest suffix of the context (max_span down to
+min_span tokens) with a hit, up to `max_matches` hits, `continuation_len` tokens after each, and the
+`num_draft` most frequent continuation prefixes as a trie, trimmed as REST's DraftRetriever does
+(trie="reference", see `build_trie`) or kept whole (trie="all_prefixes").
 """
 
 from __future__ import annotations

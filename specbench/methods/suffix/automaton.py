@@ -1,23 +1,11 @@
 """A suffix automaton over token ids: the index behind SAM-Decoding (specbench/methods/suffix/samd.py).
 
-The automaton of a text T has one state per class of substrings of T that end at the same set of
-positions; a transition on token t extends the strings of a state by t, and the suffix link of a
-state leads to the state of its longest suffix that ends at more positions. Built online (Blumer et
-al., 1985): appending a token costs amortised O(1) state changes, so the automaton of a prompt and
-its output grows with every accepted token and is never rebuilt.
-
-What drafting needs:
-
-* `step(match, token)`: from the longest suffix of a query that occurs in T (a `Match`: its state and
-  length), the longest suffix of query + token that occurs in T, in amortised O(1);
-* `continuation(state, n)`: the n tokens after the first occurrence of a state's strings. Each state
-  keeps where its first occurrence ends: a new state ends at the new position, a clone (a state's
-  shorter strings split off) inherits the end of the state it was split from.
-
-`follow` and `feed` keep a query's match up to date as tokens arrive, against a fixed text (a static
-corpus) and against the text itself (a dynamic automaton over prompt and output).
-
-Plain Python lists and dicts: the texts are a prompt plus an answer, or a corpus of some 10^5 tokens.
+Built online (Blumer et al., 1985; amortised O(1) per appended token), so the automaton of a prompt
+and its output grows with every accepted token and is never rebuilt. Drafting needs
+`step(match, token)`, the longest suffix of query + token that occurs in the text, and
+`continuation(state, n)`, the n tokens after the first occurrence of a state's strings; `follow` and
+`feed` keep a query's match up to date against a fixed corpus or the growing text itself. Plain
+Python lists and dicts. The construction and the invariants: docs/samd.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Suffix Decoding (Oliaro et al., arXiv 2411.04975) as vLLM ships it (`method: suffix`).
 
-Model-free drafting from two suffix trees: one over the current turn's prompt and output so far,
-one (global) over the answers of turns, the running one included as it is generated, kept across
-questions (hot, like TR's matrix) up to `max_cached_requests` answers, oldest evicted first. Each step drafts the best-scoring continuation
-of the context's tail from either tree (specbench/methods/suffix/tree.py says how), a single path
-by default (vLLM's), or a tree with `use_tree=true`. Defaults are vLLM's.
-
-The trees are Snowflake's arctic-inference (`pip install -e ".[suffix]"`, the package vLLM calls)
-where it is installed, else ours in pure Python with the same settings and the same drafts (ties
-between equally frequent continuations aside); `backend=` picks one, and the run says which.
-
-Protocol (arctic-inference's, hence vLLM's): a turn's output joins the global tree as it is
-generated, so its occurrences count there as well as in the turn's own tree: they change the global
-tree's counts, probabilities and scores, hence which draft wins. `running_in_global=false` keeps
-this harness's earlier protocol for comparison (a turn's answer enters the global tree only once the
-turn is answered). `reset()` forgets both trees, so nothing from the warm-up reaches a measured question.
+Model-free drafting from two suffix trees: one over the current turn's prompt and output, one
+(global) over the answers of turns, the running one included, kept across questions up to
+`max_cached_requests` answers. Each step drafts the best-scoring continuation of the context's tail
+from either tree (suffix/tree.py), one path by default (vLLM's) or a tree with `use_tree=true`.
+`backend=` picks Snowflake's arctic-inference (the package vLLM calls, `pip install -e ".[suffix]"`)
+or ours in pure Python (the same drafts, ties aside). `running_in_global=false` keeps the earlier
+protocol (an answer joins the global tree once answered); `reset()` forgets both trees.
+Defaults, protocol and backends: docs/suffix-decoding.md.
 """
 
 from __future__ import annotations

@@ -2,24 +2,12 @@
 from suffix automata, Token Recycling's tree when retrieval has nothing good to offer.
 
 Each step looks the root up in a dynamic suffix automaton over this turn's prompt and output
-(specbench/methods/suffix/automaton.py), extended with every decided token, and optionally in a
-static one over a corpus. A match is the longest suffix of the decided sequence that occurred
-before (in the text so far, or in the corpus). When the longer match, the static one counted
-`len_bias` tokens shorter, is at least `len_threshold` tokens long, the step drafts the chain of
-tokens that followed that match's first occurrence (up to `max_draft`); otherwise it drafts Token
-Recycling's tree from the adjacency matrix. The matrix learns from every verified row, chain rows
-included, and from the prompt's logits, as the reference's does.
-
-Published settings (Spec-Bench `model/samd`, `evaluation/inference_samd.py`, `eval.sh`, and
-hyx1999/SAM-Decoding `samd/`): n_predicts 40 rows per chain (the root and 39 tokens: `max_draft`),
-len_threshold 5, len_bias 5, `tree_method: token_recycle` with its 60-node tree (config/token_recycle.json,
-below), top-8 rows, a matrix kept across questions and written from the prefill too. Spec-Bench runs
-no static automaton (no `--static_sam_path`), so `static_corpus` is off by default; `default` builds one
-over REST's self-distilled corpus (data/rest/), the nearest we have to the paper's self-distilled one.
-
-Where this differs from the reference, on purpose: a chain is only the tokens that exist (the
-reference pads it to 40 rows with token 0); an empty continuation falls back to the tree; the walk
-to a shorter match with room stops once `max_draft` tokens follow (the reference's, once 40 do).
+(suffix/automaton.py) and optionally a static one over a corpus (`static_corpus`). When the longer
+match (the static one counted `len_bias` shorter) reaches `len_threshold` tokens, the step drafts the
+chain that followed the match's first occurrence (up to `max_draft`), else TR's tree from the
+adjacency matrix, which learns from every verified row and from the prompt's logits. Defaults are
+Spec-Bench's published settings. Those settings, and where this departs from the reference on
+purpose: docs/samd.md.
 """
 
 from __future__ import annotations

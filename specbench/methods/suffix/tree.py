@@ -1,27 +1,13 @@
 """Suffix Decoding's suffix trees (arXiv 2411.04975), kept implicit, and the drafts they give.
 
-Suffix Decoding drafts from a suffix tree over earlier text, limited to strings of at most
-`max_depth` tokens. The node of a string s counts its occurrences, and s continues with t with
-probability count(s t) / count(s). An occurrence at the very end of a text counts for s but
-continues nowhere, so the current request's own context lowers, never raises, its probabilities.
-Each step matches the context's last m tokens for m = 1 .. max_depth - 1 and, from every match,
-drafts the likeliest continuation: a path along the most frequent child, or (`use_tree`) a tree
-grown best-first by probability. A draft holds at most `factor` x m + `offset` tokens (longer
-matches earn longer drafts), never reaches below depth max_depth (match and draft share the
-tree's depth) and stops at tokens whose probability falls below `min_prob`. The draft with the
-largest score, the sum of its tokens' probabilities, wins; longer matches win ties.
-
-The tree is implicit here: a node is the array of positions where its string ends in the text,
-its count that array's length, its children one lookup of the tokens after those positions.
-Appending a token costs nothing and memory is the text itself, where an explicit tree holds up to
-max_depth nodes per token (arctic-inference compresses them in C++). Counts, probabilities and
-drafts are arctic-inference's (the engine behind vLLM's `method: suffix`), except between children
-of equal count (here the continuation seen first wins, there its sibling-list order decides) and
-where a probability lands exactly on min_prob (float64 here, float32 there).
-
-`SuffixTrees` holds the two trees of the method: the current request's prompt and output, and the
-answers of requests (the global tree, first in first out), the running one included as it is
-generated, as arctic-inference keeps it (`running_in_global=False`: answered turns only).
+A string s continues with t with probability count(s t) / count(s). Each step matches the context's
+last m tokens (m < `max_depth`) and drafts from every match its likeliest continuation (a path, or a
+best-first tree with `use_tree`), at most `factor` x m + `offset` tokens above `min_prob`; the draft
+with the largest sum of probabilities wins. The tree is implicit: a node is the array of positions
+where its string ends in the text, so appending a token costs nothing. Counts, probabilities and
+drafts follow arctic-inference (vLLM's `method: suffix`) except for ties between equally frequent
+children and probabilities exactly at min_prob. `SuffixTrees` holds the request's tree and the global
+one. Details: docs/suffix-decoding.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
 """Token Recycling fused with retrieval: one draft tree from the adjacency matrix and from the context.
 
-Each step, two sources propose continuations of the root:
-
-* the matrix: TR's whole template expanded from the root (specbench/methods/tr/base.py), each node's
-  probability p(v) of being accepted estimated as adaptive TR does;
-* retrieval, one of (`retrieval=`):
-  - `suffix`: Suffix Decoding's suffix tree (specbench/methods/suffix/tree.py) over the
-    turn's prompt and output so far, and with `suffix_global=true` a global tree over the answers
-    of earlier turns and the running one, as Suffix Decoding keeps it; the context's tail is matched
-    at every length up to `suffix_depth - 1` and the best-scoring continuation drafted, a tree of
-    the likeliest continuations (`suffix_tree=true`) or one path. Each node's p(v) is its
-    frequency-based estimate: the product, along its path, of count(child) / count(parent);
-  - `pld` (the default, the earlier tr_fused; higher MAT on Spec-Bench prompts so far): Prompt
-    Lookup's n-gram continuation from the prompt and the output so far (specbench/methods/pld.py), a chain whose d-th token is accepted with probability
-    q(1) x ... x q(d), where q(d) is the decayed rate at which a chain token at depth d was right
-    when the one before it was, per matched n-gram size (longer matches are more reliable);
-  - `none`: the matrix alone (tr_adaptive with the node budget).
-
-The retrieved tree is merged into the template by common prefixes: while its tokens spell a path of
-the template, they share those nodes (p = the larger of the two estimates); the rest hangs below
-as new nodes. From the merged tree the step verifies the parent-closed node set with the most
-expected tokens per second on the cost curve, at most `max_nodes` nodes, or a plain step when
-nothing pays (specbench/speculation/goodput.py). So a copy-heavy stretch gets the retrieved
-continuation, free text the matrix's tree. Lossless by construction (the engine's verifier), and the
-matrix learns from every verified row, retrieval rows included. Retrieval reads only the decided
-tokens (DecodeState), so it works the same in batched decoding, where `observe` may not be called.
-
-`matrix=false` or `retrieval=none` switch a source off (for ablations). The statistics of a run
-say how many accepted tokens came from each source (`accepted_from_*`: matrix only, retrieval
-only, both; `retrieval_source` names the retrieval).
+Each step merges two sources by common prefixes: TR's template expanded from the matrix
+(tr/base.py; node probabilities as adaptive TR estimates them) and a retrieved continuation
+(`retrieval=`: `pld`, the default, Prompt Lookup's chain; `suffix`, Suffix Decoding's trees; `none`).
+The step verifies the parent-closed node set with the most expected tokens per second on the cost
+curve, at most `max_nodes` nodes, or a plain step (speculation/goodput.py). Lossless by the engine's
+verifier; the matrix learns from every verified row. Retrieval reads only decided tokens
+(DecodeState), so batched decoding works the same. `matrix=false` / `retrieval=none` switch a source
+off; `accepted_from_*` counts accepted tokens by source. Estimates, options and measurements:
+docs/token-recycling.md, "Token Recycling fused with retrieval".
 """
 
 from __future__ import annotations
