@@ -3,14 +3,14 @@
 
 Each Spec-Bench question's first turn is one request (greedy). For every method and speculation
 policy (`fixed`: each drafter's whole draft; `goodput`: the batch row budget with the best expected
-tokens per second on the measured t(B, R), hardware/batch_goodput.py), decodes
+tokens per second on the measured t(B, R), speculation/batch_policy.py), decodes
   - a closed batch: every request waiting at t = 0, at most B decoded together (continuous batching);
   - an open load: Poisson arrivals at each rate (seeded), at most --rate-batch together;
 on the batched eager forward (decoding/batched.py), and records throughput (new tokens per second of
 the whole run), per-request latency (finish - arrival: mean, p50, p99), time per output token after
 the first, MAT, and losslessness: every request's tokens against its own batch-size-1 AR output
 (exact in float32; a differing token is checked against the target's choice within the rounding
-band, benchmark/lossless.py). Speedups are against batched AR at the same B or rate (the same
+band, run/lossless.py). Speedups are against batched AR at the same B or rate (the same
 invocation, unless a resumed sweep split them). With --repeats N every configuration runs N times,
 round by round (AR and each method and policy at one B next to each other, in reverse order every
 other round), and a speedup is the mean of each
@@ -280,7 +280,7 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--host-memory", choices=HOST_MEMORY, default="keep",
-                    help="keep: freed host memory stays for reuse (hardware/host_memory.py); system: libc's defaults")
+                    help="keep: freed host memory stays for reuse (run/host_memory.py); system: libc's defaults")
     ap.add_argument("--report-only", action="store_true",
                     help="only rewrite OUT/tables.md and OUT/plots from OUT/results.jsonl")
     args = ap.parse_args(argv)

@@ -20,7 +20,7 @@ from omegaconf import MISSING
 class LosslessConfig:
     check: bool = True  # compare every output with AR's
     # a real mismatch with AR, or a token outside the rounding band of the target's choice, makes the run
-    # exit non-zero (a numeric divergence never does: benchmark/lossless.py)
+    # exit non-zero (a numeric divergence never does: run/lossless.py)
     fail_on_mismatch: bool = True
     # the run also fails when more than this share of the checked tokens are numeric (within the rounding
     # band, not the target's choice): honest half-precision runs make at most ~2% (results/half-precision:
@@ -87,7 +87,7 @@ class RunConfig:
     # own), auto (packed where it builds). A forward that cannot run here steps down with one warning.
     compile_products: str = "auto"
     # keep: the host's freed memory stays for reuse (glibc would hand it back and page-fault it in again,
-    # a cost that grows with how much a method varies its rows: hardware/host_memory.py) | system
+    # a cost that grows with how much a method varies its rows: run/host_memory.py) | system
     host_memory: str = "keep"
     warmup: int = 3  # warm-up generations before timing (Spec-Bench uses 3)
     # builtin: warm up on a prompt in no task, then reset every drafter (nothing a measured question
@@ -105,7 +105,7 @@ class RunConfig:
     batch_size: int = 1
     request_rate: Optional[float] = None  # requests/s, Poisson arrivals seeded by `seed`; None: all at t = 0
     # fixed: every drafter's whole draft | goodput: each step the batch's row budget with the most
-    # expected tokens per second on the measured t(B, R) (hardware/batch_goodput.py)
+    # expected tokens per second on the measured t(B, R) (speculation/batch_policy.py)
     batch_speculation: str = "fixed"
     results_root: str = "results"
     results_dir: Optional[str] = None  # None: <results_root>/<model>/<task>/<method>-t<T>-m<max_new_tokens>

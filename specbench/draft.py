@@ -134,7 +134,7 @@ class Draft:
     extra rows. Extra rows are never accepted; their logits come back in `StepOutcome.logits`.
 
     A drafter that estimates its nodes' chances may say so in `node_probs`: node_probs[i] is its
-    probability that node i+1 is on the accepted path. A batch policy (hardware/batch_goodput.py)
+    probability that node i+1 is on the accepted path. A batch policy (speculation/batch_policy.py)
     then ranks and cuts the tree by the drafter's own estimates rather than by generic rates.
     """
 

@@ -1,4 +1,4 @@
-"""The batch speculation policy (hardware/batch_goodput.py): the row budget, sub-trees, rates, and
+"""The batch speculation policy (speculation/batch_policy.py): the row budget, sub-trees, rates, and
 losslessness when it cuts drafts inside the batched engine."""
 
 from __future__ import annotations

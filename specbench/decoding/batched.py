@@ -124,7 +124,7 @@ class BatchedEngine:
     @torch.inference_mode()
     def generate(self, requests: list[Request], max_batch: int, policy=None) -> BatchResult:
         """Decode `requests`, at most `max_batch` at once, each admitted once its arrival time has passed.
-        `policy` (hardware/batch_goodput.py) may cut each step's drafts to sub-trees; None keeps them whole."""
+        `policy` (speculation/batch_policy.py) may cut each step's drafts to sub-trees; None keeps them whole."""
         self.policy = policy
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")

@@ -11,7 +11,7 @@ warm-up batch whose drafters are thrown away (nothing learnt there reaches a tim
 side is one timed unit, written atomically when it finishes; a rerun reuses a finished side. Outside
 the clock every request is checked as the single-request runner checks a question: against its
 batch-size-1 AR output (the single-request engine), and every emitted token against the target's
-choice within the rounding band (benchmark/lossless.py).
+choice within the rounding band (run/lossless.py).
 
 Files: <results_root>/<model>/<task>/serving/<method>-t0-m<M>-b<B>[-rps<rate>][-goodput][-bf16|-fp16][~settings]/
 serving_config.json, ar_batch.json, method_batch.json (per request: tokens, times, accept lengths),

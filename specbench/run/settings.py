@@ -115,7 +115,7 @@ BATCH_SPECULATION = ("fixed", "goodput")
 
 
 def is_serving_run(cfg: dict) -> bool:
-    """Concurrent requests (benchmark/batched_run.py) rather than one question at a time."""
+    """Concurrent requests (run/serving.py) rather than one question at a time."""
     return cfg.get("batch_size", 1) > 1 or cfg.get("request_rate") is not None
 
 
