@@ -33,15 +33,14 @@ from specbench.run.run_lock import lock_run_directory
 from specbench.run.serving_metrics import poisson_arrivals, serving_figures
 from specbench.run.plan import check_identity, identity, prepared_settings, results_dir_for
 from specbench.run.settings import method_params
-from specbench.run.target import load_engine, run_cost_curve
+from specbench.run.target import load_engine, method_drafter_factory, run_cost_curve
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
-from specbench.drafter import Target
 from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost
 from specbench.inputs.chat import prompt_ids
 from specbench.inputs.models import resolve_dtype
 from specbench.inputs.tasks import WARMUP_QUESTION, load_task
 from specbench.markdown import markdown_table
-from specbench.registry import build_drafter, drafter_class
+from specbench.registry import build_drafter
 
 
 SERVING_CONFIG = "serving_config.json"  # not run_config.json: the single-request tables skip these directories
@@ -97,10 +96,7 @@ def _serve(cfg: dict, out_dir: Path) -> dict:
     prompts = [prompt_ids(tok, [{"role": "user", "content": q.turns[0]}], template) for q in questions]
     arrivals = poisson_arrivals(len(prompts), cfg["request_rate"], cfg["seed"])
     curve = run_cost_curve(cfg, model, engine)
-    target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=device, model=model,
-                    model_name=cfg["model"]["name"], dtype_name=cfg["dtype"], hardware_curve=curve)
-    cls = drafter_class(method)
-    build = lambda: cls(target, cls.Settings(**method_params(cfg)))  # noqa: E731
+    build = method_drafter_factory(cfg, model, curve)
     batched = BatchedEngine(model, engine.eos)
     policy = lambda: FixedSpeculation()  # noqa: E731
     if cfg["batch_speculation"] == "goodput":

@@ -18,7 +18,6 @@ import torch
 from specbench.decoding.engine import Engine
 from specbench.decoding.sampling import PositionSampler
 from specbench.config import RunPlan
-from specbench.drafter import Target
 from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.markdown import markdown_table
 from specbench.inputs.models import resolve_dtype
@@ -28,7 +27,7 @@ from specbench.run import baselines, lossless, metrics
 from specbench.run.plan import check_identity, identity, plan_run, results_dir_for, run_identity
 from specbench.run.results_io import append_jsonl, repair_jsonl, write_json_atomic
 from specbench.run.settings import method_params
-from specbench.run.target import load_engine, make_sampler, run_cost_curve
+from specbench.run.target import load_engine, make_sampler, method_drafter_factory, run_cost_curve
 from specbench.speculation import cost, roofline
 
 
@@ -303,14 +302,8 @@ def load_target_and_drafters(run: RunInProgress) -> None:
     run.curve = run_cost_curve(cfg, run.model, run.engine)
     if run.curve is not None:
         run.curve.save(run.out_dir / "cost_curve.json")
-    # Every drafter is offered the same facts about the target; each takes what it needs (SpS's coupled
-    # draft the sampler, to draw its tokens with the target's position-keyed noise)
     run.sampler = make_sampler(cfg)
-    target = Target(vocab_size=run.model.get_output_embeddings().weight.shape[0], device=device, model=run.model,
-                    model_name=cfg["model"]["name"], dtype_name=cfg["dtype"], hardware_curve=run.curve,
-                    sampler=run.sampler)
-    cls = drafter_class(run.method)
-    run.drafter = cls(target, cls.Settings(**method_params(cfg)))
+    run.drafter = method_drafter_factory(cfg, run.model, run.curve, run.sampler)()
     run.ar = build_drafter("ar")
 
 

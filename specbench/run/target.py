@@ -7,7 +7,10 @@ from __future__ import annotations
 from specbench.decoding.engine import Engine
 from specbench.decoding.forward_choice import ForwardChoice
 from specbench.decoding.sampling import PositionSampler
+from specbench.drafter import Target
 from specbench.inputs.models import eos_token_ids, load_model
+from specbench.registry import drafter_class
+from specbench.run.settings import method_params
 from specbench.speculation import cost
 
 
@@ -43,3 +46,14 @@ def load_engine(cfg: dict, device, dtype):
                                            compiled=cfg["forward"] != "eager",
                                            products=ForwardChoice(cfg["forward"]).products))
     return _LOADED[key]
+
+
+def method_drafter_factory(cfg: dict, model, curve: cost.CostCurve | None, sampler: PositionSampler | None = None):
+    """A builder of the run's method drafter. Every drafter is offered the same facts about the target
+    and takes what it needs (Medusa the vocabulary projection, adaptive TR the cost curve, SpS's coupled
+    draft the sampler, to draw its tokens with the target's position-keyed noise)."""
+    target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=model.device, model=model,
+                    model_name=cfg["model"]["name"], dtype_name=cfg["dtype"], hardware_curve=curve, sampler=sampler)
+    cls = drafter_class(cfg["method"]["name"])
+    settings = method_params(cfg)
+    return lambda: cls(target, cls.Settings(**settings))
