@@ -53,17 +53,11 @@ KNOWN_VIOLATIONS = {
 
 # What a method may import: the draft types, the drafter protocol, registration, the errors,
 # speculation and decoding utilities, and other methods' modules.
+# inputs.models too: a method that loads a model of its own (SpS's draft) or checks a datastore's
+# tokenizer (REST) does so through the loaders every run uses, never through the run's settings
 METHOD_MAY_IMPORT = ("specbench.draft", "specbench.drafter", "specbench.registry", "specbench.errors",
-                     "specbench.speculation", "specbench.decoding", "specbench.methods")
-# Method imports outside that list today, each (importer, imported): allowed until the lead moves them.
-KNOWN_METHOD_IMPORTS = {
-    # MODEL_CONFIGS: a datastore names its model by conf/model name.
-    ("specbench.methods.rest.datastore", "specbench.inputs.models"),
-    # loaded_tokenizer: the datastore's tokenizer checked against the model's.
-    ("specbench.methods.rest.drafter", "specbench.inputs.models"),
-    # MODEL_CONFIGS, check_model_config, load_model, named_model_config: SpS loads its draft model.
-    ("specbench.methods.sps", "specbench.inputs.models"),
-}
+                     "specbench.speculation", "specbench.decoding", "specbench.methods", "specbench.inputs.models")
+KNOWN_METHOD_IMPORTS: set = set()
 
 # The run's settings: these modules, and these records of specbench.config, are read only inside run/
 # and by the entry (specbench.main).
