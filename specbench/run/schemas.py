@@ -24,8 +24,8 @@ def register_configs() -> None:
     as an option of the method group."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="task", name="task_schema", node=TaskConfig)
+    cs.store(name="model_schema", node=ModelConfig)  # not in the model group: no option of it
+    cs.store(name="task_schema", node=TaskConfig)
     for name in available_methods():
         cs.store(group="method", name=name, node=method_schema(name, drafter_class(name).Settings))
 
