@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import specbench.run.schemas  # noqa: F401,E402  (tests compose the settings in-process: the schemas registered in every worker)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

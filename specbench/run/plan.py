@@ -18,6 +18,7 @@ from specbench.errors import SettingsError
 from specbench.inputs.models import resolve_device, resolve_dtype, run_dtype
 from specbench.registry import drafter_class
 from specbench.run.host_memory import apply_host_memory
+from specbench.run import schemas as _schemas  # noqa: F401  (the settings' Hydra schemas, for whoever composes them)
 from specbench.run.results_io import read_json
 from specbench.run.settings import method_params, validate
 from specbench.timing import device_name
