@@ -234,6 +234,7 @@ def run_single(cfg: dict) -> "Finished":
     baseline = baseline_for(run)
     load_target_and_drafters(run)
     measure_rounding_band(run)  # before anything is timed (cached per model, device, dtype, forward)
+    cfg = run.cfg  # the settings as planned (a step down while loading included)
     if run.todo and cfg["warmup"]:
         warm_up(cfg, run.engine, [run.ar] if run.method == "ar" else [run.ar, run.drafter], run.tok,
                 run.questions, cfg["model"]["chat_template"], cfg["max_new_tokens"], run.sampler)
