@@ -1,5 +1,7 @@
 """A real run killed with SIGKILL mid-way resumes on rerun: same answers as an uninterrupted run,
-no question lost or duplicated (embedded SmolLM2-135M, 3 questions x 6 tokens)."""
+no question lost or duplicated (embedded SmolLM2-135M, 3 questions x 6 tokens). The killed run is a
+real `python run.py`; the uninterrupted one and the rerun go through the same entry in-process
+(run_benchmark, as run.py calls it), on the model the test worker already holds."""
 
 import json
 import os
@@ -9,26 +11,32 @@ import sys
 import time
 from pathlib import Path
 
+from specbench.main import main_exit_code, run_benchmark
+from tests.test_config import cfg
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cmd(results_dir: Path):
-    return [sys.executable, "run.py", "method=tr", "task=mini", "task.limit=3", "max_new_tokens=6", "warmup=0",
-            "progress=false", "wandb.enabled=false", "cost_curve=off", f"results_root={results_dir.parent}",
-            f"results_dir={results_dir}"]
+def _overrides(results_dir: Path) -> list[str]:
+    return ["method=tr", "task=mini", "task.limit=3", "max_new_tokens=6", "warmup=0", "progress=false",
+            "wandb.enabled=false", "cost_curve=off", f"results_root={results_dir.parent}", f"results_dir={results_dir}"]
+
+
+def _run_in_process(results_dir: Path) -> int:
+    c = cfg(*_overrides(results_dir))
+    return main_exit_code(run_benchmark(c), c)
 
 
 def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
 
-def test_sigkill_mid_run_then_rerun_matches_uninterrupted_run(tmp_path):
-    full = subprocess.run(_cmd(tmp_path / "full"), cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert full.returncode == 0, full.stderr[-2000:]
+def test_sigkill_mid_run_then_rerun_matches_uninterrupted_run(tmp_path, real_model):
+    assert _run_in_process(tmp_path / "full") == 0
 
     killed_dir = tmp_path / "killed"
     answers = killed_dir / "answers.jsonl"
-    proc = subprocess.Popen(_cmd(killed_dir), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "run.py", *_overrides(killed_dir)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
         if answers.is_file() and answers.read_bytes().count(b"\n") >= 1:
@@ -42,8 +50,7 @@ def test_sigkill_mid_run_then_rerun_matches_uninterrupted_run(tmp_path):
     with answers.open("a") as f:  # and the write a crash can cut: a torn last line
         f.write('{"question_id": "mini-translation-1", "turns": [{"out')
 
-    again = subprocess.run(_cmd(killed_dir), cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert _run_in_process(killed_dir) == 0
 
     for name in ("answers.jsonl", "baseline_answers.jsonl"):
         ref, got = _lines(tmp_path / "full" / name), _lines(killed_dir / name)

@@ -74,6 +74,24 @@ def test_typical_medusa_is_marked_lossy_and_never_fails_the_run(real_model, tmp_
     assert main_exit_code(summary, c) == 0
 
 
+def test_a_run_without_max_new_tokens_warms_up_and_decodes_on_the_tasks_budget(real_model, tmp_path):
+    """`max_new_tokens` unset (the README's command 1): the warm-up and every turn use the task's budget."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from specbench.main import run_benchmark
+    from tests.test_config import CONF
+
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        c = OmegaConf.to_container(compose("config", overrides=[
+            "method=pld", "task.limit=1", "task.max_new_tokens=8", "warmup=1", f"results_root={tmp_path}",
+            "progress=false", "cost_curve=off"]), resolve=True)
+    assert c["max_new_tokens"] is None
+    summary = run_benchmark(c)
+    assert summary["max_new_tokens"] == 8 and summary["results_dir"].endswith("pld-t0-m8")
+    assert summary["lossless"]["mismatches"] == 0 and main_exit_code(summary, c) == 0
+
+
 def test_table_footer_says_what_to_try_when_tr_is_slow():
     from specbench.run.single import format_table
 
