@@ -58,8 +58,12 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = MISSING
-    kind: str = MISSING  # mini | spec_bench | jsonl
+    kind: str = MISSING  # mini | spec_bench | jsonl | long | dataset
     path: Optional[str] = None
+    # task=dataset: which column holds each field ({turns, question_id, category, subtask} -> column);
+    # a field left out or null: its own name's column where there is one (inputs/datasets_task.py)
+    columns: Optional[Any] = None
+    split: Optional[str] = None  # task=dataset: which split (None: the only one)
     subtasks: Optional[Any] = None  # e.g. [summarization,rag]: only these subtasks
     per_subtask: Optional[int] = None  # the first N questions of each subtask
     limit: Optional[int] = None

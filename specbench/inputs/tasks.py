@@ -1,32 +1,13 @@
-"""Question sets: Spec-Bench's question.jsonl, a built-in mini set, and user jsonl files."""
+"""Question sets: Spec-Bench's question.jsonl, a built-in mini set, user jsonl files, the long-input
+task (data/long) and any dataset (datasets_task.py)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
-from specbench.errors import InputError, MissingFileError, SettingsError
-
-SUBTASKS = ("mt", "translation", "summarization", "qa", "math_reasoning", "rag")
-MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-
-
-def subtask_of(category: str) -> str:
-    """Spec-Bench's six columns: MT-bench's eight categories form 'mt'; the others are their own."""
-    return "mt" if category in MT_BENCH_CATEGORIES else category
-
-
-@dataclass
-class Question:
-    question_id: str | int
-    category: str
-    turns: list[str]
-
-    @property
-    def subtask(self) -> str:
-        return subtask_of(self.category)
-
+from specbench.errors import MissingFileError, SettingsError
+from specbench.inputs.questions import (  # noqa: F401  (the names loaders and reports take from here)
+    MT_BENCH_CATEGORIES, SUBTASKS, Question, checked_question, json_objects, subtask_of)
 
 # Our own prompts, two per subtask, short enough for a CPU smoke run.
 MINI = [
@@ -53,23 +34,14 @@ WARMUP_QUESTION = Question("warmup", "writing", [
     "save energy when making tea."])
 
 
-def json_objects(path: Path, lines, error: type[Exception], hint: str = ""):
-    """(line number, object) for every non-blank line of a jsonl file; a line that is not a JSON
-    object raises `error` naming the file and line (`hint` says what a line must be)."""
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise error(f"{path}:{lineno}: not valid JSON ({e.msg}){hint}") from None
-        if not isinstance(d, dict):
-            raise error(f"{path}:{lineno}: expected a JSON object, got {type(d).__name__}")
-        yield lineno, d
+# The long-input task as committed: scripts/make_long_task.py builds it (data/long/README.md).
+LONG_TASK = Path(__file__).resolve().parents[2] / "data" / "long" / "long.jsonl"
+TASK_KINDS = ("mini", "spec_bench", "jsonl", "long", "dataset")
 
 
 def load_jsonl_questions(path: str | Path) -> list[Question]:
-    """Read Spec-Bench-style jsonl: question_id, category, turns (a list of user turns)."""
+    """Read Spec-Bench-style jsonl: question_id, category, turns (a list of user turns), and an optional
+    subtask (else Spec-Bench's column of the category)."""
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(
@@ -87,23 +59,8 @@ def load_jsonl_questions(path: str | Path) -> list[Question]:
         if missing:
             raise SettingsError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}; each question needs "
                                 f"question_id, category and turns")
-        turns = d["turns"]
-        if isinstance(turns, str):
-            turns = [turns]
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-            raise SettingsError(f"{path}:{lineno}: 'turns' must be a non-empty list of strings")
-        empty = [i + 1 for i, t in enumerate(turns) if not t.strip()]
-        if empty:
-            raise InputError(f"{path}:{lineno}: question {d['question_id']!r} has an empty turn "
-                             f"(turn {', '.join(map(str, empty))}); every turn must hold text")
-        qid = d["question_id"]
-        if not isinstance(qid, (str, int, float)) or isinstance(qid, bool):
-            raise InputError(f"{path}:{lineno}: question_id must be a string or a number, got {qid!r}")
-        if qid in seen:
-            raise InputError(f"{path}:{lineno}: duplicate question_id {qid!r} (first on line {seen[qid]}); "
-                             f"each question needs its own id (answers are paired with AR's by it)")
-        seen[qid] = lineno
-        questions.append(Question(qid, str(d.get("category", "default")), turns))
+        questions.append(checked_question(f"{path}:{lineno}", f"line {lineno}", d["question_id"],
+                                          str(d.get("category", "default")), d["turns"], d.get("subtask"), seen))
     if not questions:
         raise SettingsError(f"{path}: no questions in file")
     return questions
@@ -138,8 +95,22 @@ def load_task(cfg) -> list[Question]:
                 f"Spec-Bench's file is data/spec_bench/question.jsonl in the Spec-Bench repository"
             )
         questions = load_jsonl_questions(task.path)
+    elif kind == "long":
+        # read as plain jsonl (the file holds the dataset's columns as they are named): a run of it
+        # needs no `datasets`, which only wrote it
+        if not task.path and not LONG_TASK.is_file():  # an install without the checkout's data/
+            raise MissingFileError(f"task=long reads {LONG_TASK}, which is not there; pass task.path=<a copy of "
+                                   f"data/long/long.jsonl> or rebuild it with scripts/make_long_task.py")
+        questions = load_jsonl_questions(task.path or LONG_TASK)
+    elif kind == "dataset":
+        from specbench.inputs.datasets_task import load_dataset_questions
+
+        if not task.path:
+            raise SettingsError("task=dataset needs task.path=<a folder saved with save_to_disk, a .json, "
+                                ".jsonl or .parquet file or folder of them, or a hub id>")
+        questions = load_dataset_questions(task.path, task.columns, task.split)
     else:
-        raise SettingsError(f"unknown task kind '{kind}'. Valid kinds: mini, spec_bench, jsonl")
+        raise SettingsError(f"unknown task kind '{kind}'. Valid kinds: {', '.join(TASK_KINDS)}")
     wanted = task.subtasks
     if wanted:
         wanted = [wanted] if isinstance(wanted, str) else list(wanted)
