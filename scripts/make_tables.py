@@ -5,7 +5,9 @@
 
 One table per model / task / temperature / max_new_tokens / dtype / device, columns MT,
 Translation, Summarization, QA, Math, RAG (speedups over AR), MAT, tokens/s, Overall (speedup over
-all questions). Every number is recomputed from answers.jsonl with Spec-Bench's definitions.
+all questions). A task with subtasks of its own has those columns instead, in the order its
+questions give them (task=long: its input-length buckets 1k, 2k, 4k, 8k; in the CSVs speedup_1k, ...).
+Every number is recomputed from answers.jsonl with Spec-Bench's definitions.
 Repeated runs (repeat=0,1,2 -> directories <run>, <run>-r1, <run>-r2; any runs with the same
 settings and method) are shown as mean ± sample std. Where the model is one of the published ones
 (vicuna-7b/13b/33b v1.3) and decoding is greedy, the published rows (TR paper table and Spec-Bench

@@ -4,7 +4,8 @@
 
 Per setting (model / task / temperature / ...): speedup per subtask per method (grouped bars),
 MAT per method, distribution of accepted lengths per method, acceptance by draft depth per method
-(where the answers record step_drafted), tokens/s over the run; per setting
+(where the answers record step_drafted), tokens/s over the run, and where the subtasks are
+input-length buckets (task=long), speedup against input length per method; per setting
 without temperature: overall speedup against temperature. Files: <plot>__<setting>.{png,pdf}.
 """
 

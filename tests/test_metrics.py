@@ -132,3 +132,39 @@ def test_the_mean_interval_is_students_t():
         t = stats.t.ppf(0.975, len(values) - 1) if len(values) <= 31 else 1.960
         assert (low, high) == pytest.approx((m - t * se, m + t * se), rel=1e-3)
     assert metrics.mean_interval_95([1.0]) is None
+
+
+# -- per subtask: the order, and the figures of input-length buckets ----------------------------------
+
+def test_subtasks_keep_spec_bench_order_else_first_appearance():
+    assert metrics.ordered_subtasks(["rag", "mt", "qa", "rag"]) == ["mt", "qa", "rag"]  # the leaderboard's order
+    assert metrics.ordered_subtasks(["1k", "2k", "4k", "8k", "1k"]) == ["1k", "2k", "4k", "8k"]
+    assert metrics.ordered_subtasks(["8k", "1k", "qa"]) == ["8k", "1k", "qa"]  # not all Spec-Bench's: as they come
+    recs = [rec(i, s, 10, 1.0, [1]) for i, s in enumerate(["2k", "1k", "2k"])]
+    assert metrics.subtasks(recs) == ["2k", "1k"]
+    assert list(metrics.speedup(recs, recs)) == ["overall", "2k", "1k"]
+
+
+def bucket(qid, sub, tokens_in, wall, prefill, **memory):
+    t = turn([2] * 5, drafted=[4] * 5, wall=wall, prefill=prefill)
+    return {"question_id": qid, "subtask": sub, "turns": [dict(t, input_tokens=tokens_in, **memory)]}
+
+
+def test_subtask_figures_hold_prefill_apart_input_tokens_and_memory_peaks():
+    base = [bucket(1, "1k", 1000, 2.0, 0.4), bucket(2, "1k", 1010, 2.0, 0.6), bucket(3, "8k", 7500, 8.0, 4.0)]
+    mine = [bucket(1, "1k", 1000, 1.0, 0.4, kv_cache_bytes=10, drafter_state_bytes=3),
+            bucket(2, "1k", 1010, 1.0, 0.6, kv_cache_bytes=12, drafter_state_bytes=2),
+            bucket(3, "8k", 7500, 6.0, 4.0, kv_cache_bytes=70, drafter_state_bytes=5)]
+    fig = metrics.subtask_figures(mine, base)
+    assert list(fig) == ["1k", "8k"]
+    one, eight = fig["1k"], fig["8k"]
+    assert one["questions"] == 2 and one["input_tokens"] == pytest.approx(1005)
+    assert one["speedup"] == pytest.approx(2.0) and eight["speedup"] == pytest.approx(8 / 6)
+    assert eight["decode_speedup"] == pytest.approx((11 / 2.0) / (11 / 4.0))  # prefill left out on both sides
+    assert one["prefill_time"] == pytest.approx(0.5) and one["baseline_prefill_time"] == pytest.approx(0.5)
+    assert one["mat"] == 2 and one["drafted_token_rate"] == pytest.approx(5 / 20)
+    assert (one["kv_cache_bytes"], one["drafter_state_bytes"], one["peak_device_bytes"]) == (12, 3, None)
+    # older answers: no input tokens, no memory; no baseline: no speedups
+    old = metrics.subtask_figures([rec(1, "qa", 10, 1.0, [1])], [])["qa"]
+    assert old["input_tokens"] is None and old["kv_cache_bytes"] is None and old["speedup"] is None
+    assert metrics.memory_peak(mine, "kv_cache_bytes") == 70 and metrics.prefill_time([]) is None

@@ -54,3 +54,22 @@ def test_acceptance_by_depth_is_drawn_from_the_records():
     # PLD: of 15 drafted steps per turn, 10 accept one token; its 6 plain steps are not counted
     assert marginal["pld"] == pytest.approx([10 / 15]) and conditional["pld"] == pytest.approx([10 / 15])
     assert {ln.get_linestyle() for ln in fig.axes[1].lines} == {"--"}
+
+
+def test_speedup_against_input_length_where_the_subtasks_are_buckets(tmp_path):
+    from tests.test_tables import BUCKET_SPEEDUP, BUCKETS, write_bucket_root
+
+    fr = collect.frames(collect.load_runs(write_bucket_root(tmp_path / "root")))
+    assert plots.are_length_buckets(fr["runs"])
+    assert not plots.are_length_buckets(collect.frames(collect.load_runs(FIXTURE))["runs"])  # Spec-Bench's: no
+    fig = plots.speedup_vs_input_length(fr["runs"])
+    lines = {c.get_label(): c.lines[0] for c in fig.axes[0].containers}  # one error-bar line per method
+    assert set(lines) == {"pld", "tr"}  # AR is the dashed line at 1
+    assert list(lines["pld"].get_xdata()) == pytest.approx([n + 5 for n in BUCKETS.values()])  # measured means
+    assert list(lines["tr"].get_ydata()) == pytest.approx(list(BUCKET_SPEEDUP["tr"].values()))
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1k\n1005", "2k\n2005", "4k\n4005", "8k\n7505"]
+    # the subtask bars name the buckets too
+    bars = plots.speedup_subtasks(fr["runs"])
+    assert [t.get_text() for t in bars.axes[0].get_xticklabels()] == ["1k", "2k", "4k", "8k", "Overall"]
+    written = plots.save_all(fr, tmp_path / "plots", formats=("png",))
+    assert "speedup_vs_input_length__smollm2-135m_long-ps2_t0_m16_float32_cpu" in written

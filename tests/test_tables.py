@@ -2,6 +2,7 @@
 
 import csv
 import io
+import json
 from pathlib import Path
 from statistics import stdev
 
@@ -135,3 +136,83 @@ def test_baseline_found_in_shared_ar_directory(tmp_path):
     assert len(run.baseline) == 7
     (row,) = collect.run_rows([run])
     assert row["overall"] == pytest.approx(1.875)
+
+
+# -- a task with subtasks of its own: task=long's input-length buckets ------------------------------
+
+BUCKETS = {"1k": 1000, "2k": 2000, "4k": 4000, "8k": 7500}  # subtask -> input tokens of its prompts
+BUCKET_SPEEDUP = {"pld": {"1k": 2.0, "2k": 1.5, "4k": 1.25, "8k": 1.0},
+                  "tr": {"1k": 1.0, "2k": 1.0, "4k": 0.5, "8k": 0.5}}
+
+
+def bucket_record(qid, sub, method, speed, input_tokens):
+    steps, accept, drafted = (15, 1, 0) if method == "ar" else (8, 2, 4)  # PLD's and TR's: every step 1 of 4
+    turn = {"output": "x", "token_ids": list(range(16)), "new_tokens": 16, "wall_time": 16 / speed,
+            "prefill_time": 4 / speed, "decoding_steps": steps, "accept_lengths": [accept] * steps,
+            "step_drafted": [drafted] * steps, "input_tokens": input_tokens,
+            "kv_cache_bytes": 46080 * (input_tokens + 15), "drafter_state_bytes": 400}  # SmolLM2: 46080 bytes a token
+    return {"question_id": qid, "category": "long-prose", "subtask": sub, "method": method, "turns": [turn],
+            "lossless": {"status": "exact"}}
+
+
+def write_bucket_root(root: Path) -> Path:
+    """A results root of task=long as the runner lays it out: AR and two methods, two prompts per bucket
+    (their input tokens 10 apart), AR at 10 tok/s, each method at its BUCKET_SPEEDUP."""
+    ident = {"model": "smollm2-135m", "model_path": None, "task": "long", "task_path": None, "per_subtask": 2,
+             "max_new_tokens": 16, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "dtype": "float32", "device": "cpu",
+             "seed": 0}
+    questions = [(f"long-prose-{b}-{i}", b, n + 10 * i) for b, n in BUCKETS.items() for i in (0, 1)]
+    for method in ("ar", "pld", "tr"):
+        d = root / "smollm2-135m" / "long-ps2" / f"{method}-t0-m16"
+        d.mkdir(parents=True)
+        cfg = {"method": {"name": method}, "baseline": "interleave", "repeat": 0, "device_name": "cpu"}
+        (d / "run_config.json").write_text(json.dumps({"identity": ident, "config": cfg}))
+        speed = lambda b: 10.0 * BUCKET_SPEEDUP.get(method, {}).get(b, 1.0)  # noqa: E731
+        recs = [bucket_record(q, b, method, speed(b), n) for q, b, n in questions]
+        (d / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        if method != "ar":
+            base = [bucket_record(q, b, "ar", 10.0, n) for q, b, n in questions]
+            (d / "baseline_answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in base))
+    return root
+
+
+def test_buckets_are_the_columns_of_their_table(tmp_path):
+    rows = collect.run_rows(collect.load_runs(write_bucket_root(tmp_path)))
+    pld = [r for r in rows if r["method"] == "pld"][0]
+    assert pld["subtasks"] == ["1k", "2k", "4k", "8k"]
+    assert pld["subtask_speedup"] == pytest.approx(BUCKET_SPEEDUP["pld"])
+    assert pld["subtask_input_tokens"] == pytest.approx({b: n + 5 for b, n in BUCKETS.items()})
+    assert pld["mt"] is None and pld["overall"] == pytest.approx((20 + 15 + 12.5 + 10) / 4 / 10)
+    built = tables.build_tables(tables.aggregate(rows))
+    md = tables.to_markdown(built).splitlines()
+    assert md[2] == "| Method | 1k | 2k | 4k | 8k | MAT | Acc. rate | tokens/s | Overall | 95% CI |"
+    assert md[4].startswith("| ar | 1.00x | 1.00x | 1.00x | 1.00x | 1.00 |")
+    assert md[5].startswith("| pld | 2.00x | 1.50x | 1.25x | 1.00x | 2.00 | 25.0% |")
+    assert "1k & 2k & 4k & 8k & MAT" in tables.to_latex(built)
+    recs = list(csv.DictReader(io.StringIO(tables.to_csv(built))))
+    assert "mt" not in recs[0] and float(recs[1]["speedup_4k"]) == pytest.approx(1.25)
+
+
+def test_make_tables_on_buckets_and_spec_bench_side_by_side(tmp_path, capsys):
+    """One root holding both: each table its own columns; results.csv keeps Spec-Bench's and adds the buckets'."""
+    import shutil
+
+    from scripts.make_tables import main
+
+    write_bucket_root(tmp_path / "root")
+    shutil.copytree(RUNS, tmp_path / "root" / "smollm2-135m" / "mini")
+    assert main([str(tmp_path / "root"), "--out", str(tmp_path), "--published", ""]) == 0
+    heads = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| Method |")]
+    assert heads[0].startswith("| Method | 1k | 2k | 4k | 8k | MAT |") and heads[1].startswith("| Method | MT |")
+    recs = list(csv.DictReader((tmp_path / "results.csv").open()))
+    fields = list(recs[0])
+    assert fields[fields.index("rag") + 1:fields.index("overall")] == ["speedup_1k", "speedup_2k", "speedup_4k",
+                                                                      "speedup_8k"]
+    tr_long = [r for r in recs if r["method"] == "tr" and r["task"] == "long-ps2"][0]
+    assert float(tr_long["speedup_8k"]) == pytest.approx(0.5) and tr_long["mt"] == ""
+    tables_csv = list(csv.DictReader((tmp_path / "tables.csv").open()))
+    assert {"mt", "speedup_1k"} <= set(tables_csv[0])
+    # the Spec-Bench root alone keeps the leaderboard's layout (the committed tables are made this way)
+    assert tables.csv_fields(tables.csv_subtasks(tables.build_tables(tables.aggregate(collect.run_rows(
+        collect.load_runs(FIXTURE)))))) == tables.CSV_FIELDS
+    assert collect.results_csv_fields(collect.run_rows(collect.load_runs(FIXTURE))) == collect.RESULTS_CSV_FIELDS

@@ -134,7 +134,7 @@ class BatchedEngine:
         for r in requests:
             if r.max_new_tokens < 1:
                 raise ValueError(f"max_new_tokens must be at least 1, got {r.max_new_tokens}")
-            check_context(self.facts.context_length, r.max_new_tokens, self.model)
+            check_context(self.facts.context_length, r.max_new_tokens, self.model, len(r.prompt_ids))
         records = [RequestRecord(arrival=r.arrival) for r in requests]
         waiting = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival))
         # slot b: self.slots[b] (None: free) with valid length self.lens[b]; the cache's batch row b

@@ -39,6 +39,7 @@ class TurnResult:
     step_rows: list[int] = field(default_factory=list)  # rows per verification forward
     step_drafted: list[int] = field(default_factory=list)  # draft tree nodes per step (0: a plain step)
     step_times: list[float] = field(default_factory=list)  # wall seconds of each step
+    kv_cache_bytes: int | None = None  # the cache at the turn's end, where generate was given measure_cache
 
     @property
     def new_tokens(self) -> int:
@@ -161,13 +162,15 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int,
-                 sampler: Callable | None = None) -> TurnResult:
+                 sampler: Callable | None = None, measure_cache: Callable | None = None) -> TurnResult:
         """Decode one turn. `sampler(logits, positions) -> tokens` replaces the argmax when sampling;
-        `positions` are the absolute positions of the rows, which key its randomness."""
+        `positions` are the absolute positions of the rows, which key its randomness.
+        `measure_cache(cache) -> bytes` (run/memory.py) sizes the turn's cache once the clock stops:
+        the cache lives only in here, and the run's layer is not the engine's to import."""
         select = sampler or greedy_targets
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        check_context(self.context_length, max_new_tokens, self.model)
+        check_context(self.context_length, max_new_tokens, self.model, len(prompt_ids))
         dev = self.device
         want_hidden = drafter.needs_hidden_states
         buf = token_buffer(prompt_ids, max_new_tokens)
@@ -222,4 +225,5 @@ class Engine:
             tokens=new, wall_time=wall, prefill_time=t_prefill, decoding_steps=step,
             accept_lengths=accept_lengths, forward_time=self.forward_time, step_rows=rows_per_step,
             step_drafted=drafted, step_times=step_times,
+            kv_cache_bytes=measure_cache(cache) if measure_cache is not None else None,
         )

@@ -42,14 +42,23 @@ class ModelFacts:
                    mask_dtype=model.dtype, context_length=getattr(cfg, "max_position_embeddings", None))
 
 
-def check_context(context_length: int | None, max_new_tokens: int, model=None) -> None:
-    """InputError unless `max_new_tokens` (and at least one prompt token) fit the model's context."""
-    if context_length and max_new_tokens >= context_length:
-        from specbench.numerics import model_label
+def check_context(context_length: int | None, max_new_tokens: int, model=None, prompt_len: int = 1) -> None:
+    """InputError unless the prompt and `max_new_tokens` fit the model's context. The runners refuse
+    such a prompt before anything is timed (run/settings.check_prompts_fit); this is the backstop for
+    whatever reaches an engine otherwise."""
+    if not context_length or max(prompt_len, 1) + max_new_tokens <= context_length:
+        return
+    from specbench.numerics import model_label
 
-        raise InputError(f"max_new_tokens={max_new_tokens} is beyond the context of model "
-                         f"{model_label(model) if model is not None else ''} ({context_length} positions, "
-                         f"prompt included); set max_new_tokens below {context_length}")
+    name = model_label(model) if model is not None else ""
+    if max_new_tokens >= context_length:  # too many whatever the prompt: as the settings' check says it
+        raise InputError(f"max_new_tokens={max_new_tokens} is beyond the context of model {name} ({context_length} "
+                         f"positions, prompt included); set max_new_tokens below {context_length}")
+    fix = (f"set max_new_tokens to at most {context_length - prompt_len} or shorten the prompt"
+           if prompt_len < context_length else "shorten the prompt")
+    raise InputError(f"a prompt of {prompt_len} tokens and max_new_tokens={max_new_tokens} need "
+                     f"{prompt_len + max_new_tokens} positions, beyond the context of model {name} "
+                     f"({context_length} positions); {fix}")
 
 
 class TreeTensorCache:

@@ -17,7 +17,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specbench.inputs.tasks import SUBTASKS
 from specbench.report import tables
+from specbench.run import metrics
 from specbench.run.lossless import tally
 from specbench.run.results_io import read_jsonl
 
@@ -125,10 +127,21 @@ RESULTS_CSV_FIELDS = ["path", *tables.TABLE_KEYS, "device_name", "method", "meth
                       "speedup_bound", "finished"]
 
 
+def results_csv_fields(rows: list[dict]) -> list[str]:
+    """RESULTS_CSV_FIELDS, with a speedup column per subtask that is not Spec-Bench's (task=long's
+    buckets: speedup_1k, ...) before the overall one."""
+    extra = [tables.subtask_field(s) for s in metrics.ordered_subtasks(s for r in rows for s in r.get("subtasks", []))
+             if s not in SUBTASKS]
+    at = RESULTS_CSV_FIELDS.index("overall")
+    return [*RESULTS_CSV_FIELDS[:at], *extra, *RESULTS_CSV_FIELDS[at:]]
+
+
 def results_csv_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         rec = {k: r.get(k) for k in RESULTS_CSV_FIELDS}
+        rec.update({tables.subtask_field(s): v for s, v in (r.get("subtask_speedup") or {}).items()
+                    if s not in SUBTASKS})
         rec["method_params"] = tables.params_key(r.get("method_params"))
         for k, v in (r.get("lossless") or {}).items():
             rec[f"lossless_{k}"] = v
@@ -140,10 +153,11 @@ def write_results_csv(root: str | Path, path: str | Path | None = None) -> Path:
     """The sweep-level table: one line per run directory under root (default root/results.csv)."""
     root = Path(root)
     path = Path(path) if path else root / "results.csv"
-    rows = results_csv_rows(run_rows(load_runs(root)))
+    runs = run_rows(load_runs(root))
+    rows = results_csv_rows(runs)
     tmp = path.with_suffix(path.suffix + ".tmp")
     with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=RESULTS_CSV_FIELDS)
+        w = csv.DictWriter(f, fieldnames=results_csv_fields(runs))
         w.writeheader()
         for rec in rows:
             w.writerow({k: ("" if v is None else v) for k, v in rec.items()})
@@ -169,7 +183,6 @@ def frames(runs: list[Run]) -> dict:
     records them (TR): depth, rank, parent, times drafted and times on the accepted path)."""
     import pandas as pd
 
-    from specbench.run import metrics
     from specbench.draft import DraftTree
 
     rows = run_rows(runs)

@@ -8,6 +8,8 @@ specbench.report.collect.frames and returns a Figure; ``save_all`` writes PNG an
   P(d accepted | d-1 accepted), over the steps that drafted;
 - tokens/s over the run (each question's speed in run order; AR reference dotted);
 - overall speedup against temperature, per method;
+- speedup against input length, per method, where the subtasks are input-length buckets (task=long):
+  each bucket at its measured mean input tokens;
 - per-node acceptance of a draft-tree template (TR): the tree, each node coloured by how often it
   was on the accepted path when drafted, beside acceptance per depth and the matrix statistics.
 """
@@ -26,7 +28,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
+from specbench.inputs.tasks import SUBTASKS  # noqa: E402
 from specbench.report import tables  # noqa: E402
+from specbench.run import metrics  # noqa: E402
 
 SUBTASK_HEADERS = dict(tables.COLUMNS)
 
@@ -71,6 +75,23 @@ def _title(sub) -> str:
     return f"{r['model']} · {r['task']} · T={float(r['temperature']):g} · {r['max_new_tokens']} tok · {r['device']}"
 
 
+def subtask_speedups(runs):
+    """(subtasks in their order, a frame of each run's speedup per subtask and 'overall', indexed as
+    `runs`), whatever the subtasks are called (tables.subtask_value)."""
+    import pandas as pd
+
+    rows = runs.to_dict("records")
+    subs = metrics.ordered_subtasks(s for r in rows for s in _row_subtasks(r))
+    values = pd.DataFrame([{**{s: tables.subtask_value(r, s) for s in subs}, "overall": r.get("overall")}
+                           for r in rows], index=runs.index, columns=[*subs, "overall"], dtype=float)
+    return subs, values
+
+
+def _row_subtasks(row: dict) -> list[str]:
+    subs = row.get("subtasks")
+    return list(subs) if isinstance(subs, (list, tuple)) else tables.row_subtasks({})
+
+
 def speedup_subtasks(runs, title: str | None = None):
     """Grouped bars: one group per subtask (and Overall), one bar per method; AR = 1 (line)."""
     df = runs[runs["method"] != "ar"].copy()
@@ -78,17 +99,18 @@ def speedup_subtasks(runs, title: str | None = None):
     ax.axhline(1.0, color="grey", lw=1, ls="--", label="AR")
     if len(df):
         df["label"] = _labels(df)
-        cols = [k for k in tables.SPEEDUP_KEYS if k in df and df[k].notna().any()]
+        subs, values = subtask_speedups(df)
+        cols = [k for k in [*subs, "overall"] if values[k].notna().any()]
         methods = _order(df["label"])
         width = 0.8 / max(len(methods), 1)
         x = np.arange(len(cols))
         for i, m in enumerate(methods):
-            sel = df[df["label"] == m]
+            sel = values[df["label"] == m]
             means = [sel[c].mean() for c in cols]
             stds = [sel[c].std() if len(sel) > 1 else 0.0 for c in cols]
             ax.bar(x + (i - (len(methods) - 1) / 2) * width, means, width,
                    yerr=stds if len(sel) > 1 else None, capsize=2, label=m)
-        ax.set_xticks(x, [SUBTASK_HEADERS[c] for c in cols])
+        ax.set_xticks(x, [SUBTASK_HEADERS.get(c, c) for c in cols])
     ax.set_ylabel("speedup over AR")
     ax.set_title(title or "Speedup per subtask")
     ax.legend(fontsize=8, ncol=2)
@@ -199,6 +221,46 @@ def speedup_vs_temperature(runs, title: str | None = None):
     return fig
 
 
+def are_length_buckets(runs) -> bool:
+    """Whether these runs' subtasks are input-length buckets: not Spec-Bench's, and every run's
+    answers record the input tokens of every subtask (run_row's subtask_input_tokens)."""
+    rows = runs.to_dict("records")
+    if not rows or "subtask_input_tokens" not in runs:
+        return False
+    subs = {s for r in rows for s in _row_subtasks(r)}
+    measured = all(isinstance(r["subtask_input_tokens"], dict) and r["subtask_input_tokens"]
+                   and None not in r["subtask_input_tokens"].values() for r in rows)
+    return measured and not subs <= set(SUBTASKS)
+
+
+def speedup_vs_input_length(runs, title: str | None = None):
+    """One line per method: the speedup on each input-length bucket at the bucket's measured mean
+    input tokens (prompt and chat template; the mean over the method's runs), error bars = std over
+    repeated runs; each bucket named on the x axis."""
+    df = runs[runs["method"] != "ar"].copy()
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.axhline(1.0, color="grey", lw=1, ls="--", label="AR")
+    if len(df):
+        df["label"] = _labels(df)
+        subs, values = subtask_speedups(df)
+        tokens = {s: np.mean([r["subtask_input_tokens"][s] for r in df.to_dict("records")
+                              if s in r["subtask_input_tokens"]]) for s in subs}
+        for m in _order(df["label"]):
+            sel = values[df["label"] == m]
+            mine = [r["subtask_input_tokens"] for r in df[df["label"] == m].to_dict("records")]
+            xs = [np.mean([t[s] for t in mine if s in t]) for s in subs if sel[s].notna().any()]
+            ys = [sel[s].mean() for s in subs if sel[s].notna().any()]
+            err = [sel[s].std() if len(sel) > 1 else 0.0 for s in subs if sel[s].notna().any()]
+            ax.errorbar(xs, ys, yerr=err if len(sel) > 1 else None, marker="o", capsize=3, label=m)
+        ax.set_xticks([tokens[s] for s in subs], [f"{s}\n{tokens[s]:.0f}" for s in subs], fontsize=8)
+    ax.set_xlabel("mean input tokens of the bucket")
+    ax.set_ylabel("speedup over AR")
+    ax.set_title(title or "Speedup against input length")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def node_acceptance(nodes, title: str | None = None):
     """One template's per-node acceptance (repeats summed): the tree, root at the top, each node
     coloured by hits / drafted; right, the share of steps accepting at each depth."""
@@ -258,6 +320,10 @@ def save_all(fr: dict, out_dir: str | Path, formats=("png", "pdf")) -> dict:
         written[f"speedup_subtasks__{s}"] = save(speedup_subtasks(sub, f"Speedup per subtask\n{t}"), out_dir,
                                                  f"speedup_subtasks__{s}", formats)
         written[f"mat__{s}"] = save(mat_bars(sub, f"MAT\n{t}"), out_dir, f"mat__{s}", formats)
+        if are_length_buckets(sub):
+            written[f"speedup_vs_input_length__{s}"] = save(
+                speedup_vs_input_length(sub, f"Speedup against input length\n{t}"), out_dir,
+                f"speedup_vs_input_length__{s}", formats)
         if len(acc):
             written[f"accept_lengths__{s}"] = save(accept_lengths(acc[acc["path"].isin(paths)], f"Accepted lengths\n{t}"),
                                                    out_dir, f"accept_lengths__{s}", formats)
@@ -293,6 +359,9 @@ def run_plots(fr: dict, out_dir: str | Path, formats=("png",)) -> dict:
     out = {}
     if len(fr["runs"]):
         out["speedup_subtasks"] = save(speedup_subtasks(fr["runs"]), out_dir, "speedup_subtasks", formats)
+        if are_length_buckets(fr["runs"]):
+            out["speedup_vs_input_length"] = save(speedup_vs_input_length(fr["runs"]), out_dir,
+                                                  "speedup_vs_input_length", formats)
     if len(fr["accepts"]):
         out["accept_lengths"] = save(accept_lengths(fr["accepts"]), out_dir, "accept_lengths", formats)
     if len(fr["questions"]):

@@ -312,8 +312,7 @@ def imported_summary(identity: dict, records: list[dict], base: list[dict], sour
         "tokens_per_s": metrics.tokens_per_s(records),
         "decode_tokens_per_s": metrics.tokens_per_s(records, decode_only=True) if decode else None,
         "mat": metrics.mat(records),
-        "subtask_mat": {s: metrics.mat([r for r in records if r["subtask"] == s])
-                        for s in SUBTASKS if any(r["subtask"] == s for r in records)},
+        "subtask_mat": {s: metrics.mat([r for r in records if r["subtask"] == s]) for s in metrics.subtasks(records)},
         "baseline": "imported" if base else None,
         "baseline_tokens_per_s": metrics.tokens_per_s(base) if base else None,
         "speedup": metrics.speedup(records, base) if base else None,

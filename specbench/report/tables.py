@@ -7,6 +7,9 @@ Spec-Bench's definitions (specbench.run.metrics). Rows of repeated runs (same se
 into mean and sample standard deviation. ``build_tables`` lays the aggregated rows out one table
 per model / task / temperature / length / dtype / device, with published figures beside ours where
 the model matches; ``to_markdown``, ``to_latex`` and ``to_csv_rows`` render them.
+
+A table's subtask columns are its runs' subtasks (metrics.ordered_subtasks): Spec-Bench's six in
+the leaderboard's order, or another task's own, such as task=long's input-length buckets 1k .. 8k.
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ from specbench.markdown import markdown_table
 
 # (key, header) in Spec-Bench's leaderboard order; subtask columns are speedups over AR. Acc. rate
 # (accepted / drafted draft tokens) is ours; the overall speedup's 95% CI follows as a last column.
-COLUMNS = [("mt", "MT"), ("translation", "Translation"), ("summarization", "Summarization"),
-           ("qa", "QA"), ("math_reasoning", "Math"), ("rag", "RAG"), ("mat", "MAT"),
-           ("accept_rate", "Acc. rate"), ("tokens_per_s", "tokens/s"), ("overall", "Overall")]
+# Another task's subtasks take the place of the first six, headed by their own names.
+SUBTASK_HEADERS = {"mt": "MT", "translation": "Translation", "summarization": "Summarization", "qa": "QA",
+                   "math_reasoning": "Math", "rag": "RAG"}
+METRIC_COLUMNS = [("mat", "MAT"), ("accept_rate", "Acc. rate"), ("tokens_per_s", "tokens/s"), ("overall", "Overall")]
+COLUMNS = [*SUBTASK_HEADERS.items(), *METRIC_COLUMNS]
 VALUE_KEYS = [k for k, _ in COLUMNS]
+METRIC_KEYS = [k for k, _ in METRIC_COLUMNS]
 HEADERS = [*[h for _, h in COLUMNS], "95% CI"]
 SPEEDUP_KEYS = [*SUBTASKS, "overall"]
 # Settings that make two runs comparable (one table); method + params on top make them repeats.
@@ -60,6 +66,12 @@ def run_row(meta: dict, records: list[dict], baseline: list[dict]) -> dict:
     sp = metrics.speedup(records, baseline) if records and baseline else {}
     for k in SPEEDUP_KEYS:
         row[k] = sp.get(k)
+    # every subtask's speedup, Spec-Bench's or not, apart from the row's other keys (a subtask may be
+    # named anything); the mean input tokens per subtask, None where the answers do not record them
+    row["subtasks"] = metrics.subtasks(records)
+    row["subtask_speedup"] = {s: sp.get(s) for s in row["subtasks"]}
+    row["subtask_input_tokens"] = {s: metrics.input_tokens([r for r in records if r["subtask"] == s])
+                                   for s in row["subtasks"]}
     dsp = metrics.speedup(records, baseline, decode_only=True) if records and baseline and decode else {}
     row["decode_speedup"] = dsp.get("overall")
     ids = {r["question_id"] for r in records}
@@ -82,6 +94,25 @@ def matrix_shares(records: list[dict]) -> dict:
         return {}
     return {"root_unwritten": sum(s["root_row_unwritten"] for s in stats) / steps,
             "root_rank0": sum(s.get("root_rank0_hits", 0) for s in stats) / steps}
+
+
+def row_subtasks(row: dict) -> list[str]:
+    """A row's subtasks; Spec-Bench's six for a row that does not list them (published figures)."""
+    return row["subtasks"] if "subtasks" in row else list(SUBTASKS)
+
+
+def subtask_value(row: dict, sub: str, suffix: str = "") -> float | None:
+    """A row's speedup on `sub` (its std with suffix='_std'), from `subtask_speedup<suffix>`, or for
+    rows without it (published figures) Spec-Bench's own key."""
+    by_sub = row.get(f"subtask_speedup{suffix}")
+    if isinstance(by_sub, dict):
+        return by_sub.get(sub)
+    return row.get(f"{sub}{suffix}") if sub in SUBTASKS else None
+
+
+def table_subtasks(rows: list[dict]) -> list[str]:
+    """The subtask columns of a table of these rows (ours: published rows add none)."""
+    return metrics.ordered_subtasks(s for r in rows if r.get("source", "ours") == "ours" for s in row_subtasks(r))
 
 
 def params_key(params: dict | None) -> str:
@@ -123,6 +154,10 @@ def aggregate(rows: list[dict]) -> list[dict]:
                   "speedup_bound", "root_unwritten", "root_rank0"):
             agg[k], agg[f"{k}_std"] = _stats([r.get(k) for r in rs])
         # a CI belongs to one run's questions; repeats show their spread as ± std instead
+        agg["subtasks"] = table_subtasks(rs)
+        agg["subtask_speedup"], agg["subtask_speedup_std"] = {}, {}
+        for sub in agg["subtasks"]:
+            agg["subtask_speedup"][sub], agg["subtask_speedup_std"][sub] = _stats([subtask_value(r, sub) for r in rs])
         for k in ("speedup_ci_lo", "speedup_ci_hi"):
             agg[k] = first.get(k) if len(rs) == 1 else None
         tallies = [r.get("lossless") for r in rs if r.get("lossless")]
@@ -185,8 +220,10 @@ def ar_row_from_baselines(rows: list[dict]) -> dict | None:
     if not tps or not rows:
         return None
     ar = {k: rows[0].get(k) for k in TABLE_KEYS}
+    subs = table_subtasks(rows)
     ar.update(method="ar", method_params={}, n=len(tps), repeats=[], lossless=None,
-              **{k: 1.0 for k in SPEEDUP_KEYS}, mat=1.0, tokens_per_s=mean(tps),
+              **{k: 1.0 for k in SPEEDUP_KEYS}, subtasks=subs, subtask_speedup=dict.fromkeys(subs, 1.0),
+              mat=1.0, tokens_per_s=mean(tps),
               tokens_per_s_std=stdev(tps) if len(tps) > 1 else None, from_baselines=True)
     return ar
 
@@ -249,8 +286,13 @@ def build_tables(rows: list[dict], published: list[dict] | None = None) -> list[
             for p in published_for(published, r["model"], r["method"], r["temperature"]):
                 display.append(dict(p, label=r["method"], n=None))
         meta = dict(zip(TABLE_KEYS, key))
-        out.append({"key": meta, "title": table_title(meta), "rows": display})
+        out.append({"key": meta, "title": table_title(meta), "rows": display, "subtasks": table_subtasks(rs)})
     return out
+
+
+def headers(subtasks: list[str]) -> list[str]:
+    """A table's column headers after 'Method': its subtasks, the metrics, the CI."""
+    return [*(SUBTASK_HEADERS.get(s, s) for s in subtasks), *(h for _, h in METRIC_COLUMNS), "95% CI"]
 
 
 def table_title(meta: dict) -> str:
@@ -275,9 +317,11 @@ def _row_label(r: dict) -> str:
     return r["label"] if r["source"] == "ours" else f"{r['label']} [{r['source']}]"
 
 
-def _cells(r: dict) -> list[str]:
+def _cells(r: dict, subtasks: list[str]) -> list[str]:
     lo, hi = r.get("speedup_ci_lo"), r.get("speedup_ci_hi")
-    return [_row_label(r), *[format_value(k, r.get(k), r.get(f"{k}_std")) for k in VALUE_KEYS],
+    return [_row_label(r),
+            *[format_value("speedup", subtask_value(r, s), subtask_value(r, s, "_std")) for s in subtasks],
+            *[format_value(k, r.get(k), r.get(f"{k}_std")) for k in METRIC_KEYS],
             "-" if lo is None else f"[{lo:.2f}, {hi:.2f}]"]
 
 
@@ -304,8 +348,9 @@ def _footnote(table: dict) -> str:
 def to_markdown(tables: list[dict]) -> str:
     out = []
     for t in tables:
-        lines = [f"### {t['title']}", "", markdown_table(["Method", *HEADERS], [_cells(r) for r in t["rows"]],
-                                                         align="l" + "r" * len(HEADERS))]
+        heads = headers(t["subtasks"])
+        cells = [_cells(r, t["subtasks"]) for r in t["rows"]]
+        lines = [f"### {t['title']}", "", markdown_table(["Method", *heads], cells, align="l" + "r" * len(heads))]
         note = _footnote(t)
         if note:
             lines += ["", note + "."]
@@ -322,11 +367,12 @@ def to_latex(tables: list[dict]) -> str:
     """booktabs tables, one per setting; ``\\usepackage{booktabs}`` in the preamble."""
     out = []
     for t in tables:
+        heads = headers(t["subtasks"])
         lines = ["\\begin{table}[t]", "\\centering", "\\small",
-                 "\\begin{tabular}{l" + "r" * len(HEADERS) + "}", "\\toprule",
-                 "Method & " + " & ".join(_tex(h) for h in HEADERS) + " \\\\", "\\midrule"]
+                 "\\begin{tabular}{l" + "r" * len(heads) + "}", "\\toprule",
+                 "Method & " + " & ".join(_tex(h) for h in heads) + " \\\\", "\\midrule"]
         for r in t["rows"]:
-            cells = _cells(r)
+            cells = _cells(r, t["subtasks"])
             lines.append(" & ".join(_tex(c).replace("x", "$\\times$") if i else _tex(c)
                                     for i, c in enumerate(cells)) + " \\\\")
         lines += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{_tex(t['title'])}. {_tex(_footnote(t))}}}",
@@ -335,23 +381,45 @@ def to_latex(tables: list[dict]) -> str:
     return "\n\n".join(out) + "\n"
 
 
-CSV_FIELDS = [*TABLE_KEYS, "method", "label", "source", "n",
-              *[c for k in VALUE_KEYS for c in (k, f"{k}_std")], "speedup_ci_lo", "speedup_ci_hi"]
+def subtask_field(sub: str) -> str:
+    """A subtask's speedup column in a CSV: Spec-Bench's by its name, as ever; another task's
+    prefixed, so that no subtask name meets another column's."""
+    return sub if sub in SUBTASKS else f"speedup_{sub}"
+
+
+def csv_fields(subtasks: list[str]) -> list[str]:
+    return [*TABLE_KEYS, "method", "label", "source", "n",
+            *[c for k in [*map(subtask_field, subtasks), *METRIC_KEYS] for c in (k, f"{k}_std")],
+            "speedup_ci_lo", "speedup_ci_hi"]
+
+
+CSV_FIELDS = csv_fields(list(SUBTASKS))
+
+
+def csv_subtasks(tables: list[dict]) -> list[str]:
+    """The subtask columns of a CSV of these tables: Spec-Bench's six whenever they are all it holds
+    (the leaderboard's layout), else every table's subtasks."""
+    subs = metrics.ordered_subtasks(s for t in tables for s in t.get("subtasks", SUBTASKS))
+    return list(SUBTASKS) if set(subs) <= set(SUBTASKS) else subs
 
 
 def to_csv_rows(tables: list[dict]) -> list[dict]:
+    subs = csv_subtasks(tables)
     rows = []
     for t in tables:
         for r in t["rows"]:
             rec = dict(t["key"])
-            rec.update({k: r.get(k) for k in CSV_FIELDS if k not in t["key"]})
+            rec.update({k: r.get(k) for k in csv_fields([]) if k not in t["key"]})
+            for sub in subs:
+                rec[subtask_field(sub)] = subtask_value(r, sub)
+                rec[f"{subtask_field(sub)}_std"] = subtask_value(r, sub, "_std")
             rows.append(rec)
     return rows
 
 
 def to_csv(tables: list[dict]) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=csv_fields(csv_subtasks(tables)), lineterminator="\n")
     w.writeheader()
     for rec in to_csv_rows(tables):
         w.writerow({k: ("" if v is None else v) for k, v in rec.items()})

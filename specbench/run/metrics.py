@@ -3,8 +3,10 @@ answer records.
 
 A record is one question's line of answers.jsonl: it has 'subtask' and 'turns', each turn with
 new_tokens, wall_time, prefill_time and accept_lengths, and from newer runs step_drafted (draft
-tree nodes per step) and step_times (seconds per step). Figures that need the newer fields are
-None for records without them, so older runs still report everything else.
+tree nodes per step) and step_times (seconds per step), input_tokens (the prompt's length) and the
+memory a turn held (kv_cache_bytes, drafter_state_bytes, peak_device_bytes: run/memory.py). Figures
+that need the newer fields are None for records without them, so older runs still report
+everything else.
 """
 
 from __future__ import annotations
@@ -13,6 +15,18 @@ import random
 from statistics import mean, stdev
 
 from specbench.inputs.tasks import SUBTASKS
+
+
+def ordered_subtasks(names) -> list[str]:
+    """Subtask names, each once, in a stable order: Spec-Bench's six in their leaderboard order when
+    they are the ones present, else the order of first appearance (task=long's 1k, 2k, 4k, 8k)."""
+    present = list(dict.fromkeys(names))
+    return [s for s in SUBTASKS if s in present] if set(present) <= set(SUBTASKS) else present
+
+
+def subtasks(records: list[dict]) -> list[str]:
+    """The subtasks of these records, ordered as ordered_subtasks says."""
+    return ordered_subtasks(r["subtask"] for r in records)
 
 
 def question_speed(record: dict, decode_only: bool = False) -> float:
@@ -142,11 +156,7 @@ def speedup(method: list[dict], baseline: list[dict], decode_only: bool = False)
         return tokens_per_s([p[0] for p in ps], decode_only) / b if b > 0 else None
 
     out = {"overall": ratio(pairs)}
-    for sub in SUBTASKS:
-        sel = [p for p in pairs if p[0]["subtask"] == sub]
-        if sel:
-            out[sub] = ratio(sel)
-    for sub in sorted({p[0]["subtask"] for p in pairs} - set(SUBTASKS)):
+    for sub in subtasks([p[0] for p in pairs]):
         out[sub] = ratio([p for p in pairs if p[0]["subtask"] == sub])
     return out
 
@@ -217,4 +227,48 @@ def sum_statistics(stats: list[dict | None]) -> dict | None:
                 out[k] = [a + b for a, b in zip(out[k], v)]
             elif out[k] != v:
                 raise ValueError(f"statistics '{k}' differ between questions ({out[k]!r} vs {v!r})")
+    return out
+
+
+def prefill_time(records: list[dict]) -> float | None:
+    """Mean prefill time of a turn in seconds (the prompt's forward and the first token's choice,
+    apart from decoding); None without turns."""
+    times = [t["prefill_time"] for r in records for t in r["turns"] if "prefill_time" in t]
+    return mean(times) if times else None
+
+
+def input_tokens(records: list[dict]) -> float | None:
+    """Mean prompt length of a turn in tokens (chat template included); None unless every turn
+    records input_tokens (older runs do not)."""
+    if not _every_turn_has(records, "input_tokens"):
+        return None
+    return mean(t["input_tokens"] for r in records for t in r["turns"])
+
+
+MEMORY_KEYS = ("kv_cache_bytes", "drafter_state_bytes", "peak_device_bytes")
+
+
+def memory_peak(records: list[dict], key: str) -> int | None:
+    """The largest `key` (one of MEMORY_KEYS) over the turns that record it; None where none does
+    (older runs; peak_device_bytes off CUDA)."""
+    values = [t[key] for r in records for t in r["turns"] if t.get(key) is not None]
+    return max(values) if values else None
+
+
+def subtask_figures(records: list[dict], baseline: list[dict]) -> dict:
+    """Per subtask, in the order `subtasks` gives: questions, mean input tokens, speedup and decode
+    speedup over `baseline` (None without it), MAT, drafted-token acceptance, mean prefill time of
+    the method and of the baseline, and the memory peaks (MEMORY_KEYS, the largest turn)."""
+    sp = speedup(records, baseline) if baseline else {}
+    dsp = speedup(records, baseline, decode_only=True) if baseline else {}
+    base_ids = {b["question_id"]: b for b in baseline}
+    out = {}
+    for sub in subtasks(records):
+        recs = [r for r in records if r["subtask"] == sub]
+        base = [base_ids[r["question_id"]] for r in recs if r["question_id"] in base_ids]
+        out[sub] = {"questions": len(recs), "input_tokens": input_tokens(recs), "speedup": sp.get(sub),
+                    "decode_speedup": dsp.get(sub), "mat": mat(recs),
+                    "drafted_token_rate": drafted_acceptance_rate(recs), "prefill_time": prefill_time(recs),
+                    "baseline_prefill_time": prefill_time(base) if base else None,
+                    **{k: memory_peak(recs, k) for k in MEMORY_KEYS}}
     return out

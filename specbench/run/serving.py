@@ -32,7 +32,7 @@ from specbench.run.results_io import make_directory, read_json, write_json_atomi
 from specbench.run.run_lock import lock_run_directory
 from specbench.run.serving_metrics import poisson_arrivals, serving_figures
 from specbench.run.plan import check_identity, identity, prepared_settings, results_dir_for
-from specbench.run.settings import method_params
+from specbench.run.settings import check_prompts_fit, method_params, model_context_length
 from specbench.run.target import load_engine, method_drafter_factory, run_cost_curve
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
 from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost
@@ -94,6 +94,10 @@ def _serve(cfg: dict, out_dir: Path) -> dict:
     questions = load_task(cfg["task"])
     template = cfg["model"]["chat_template"]
     prompts = [prompt_ids(tok, [{"role": "user", "content": q.turns[0]}], template) for q in questions]
+    # a request that with max_new_tokens runs past the window is refused before anything is timed
+    check_prompts_fit([(q.question_id, q.subtask, len(p)) for q, p in zip(questions, prompts)],
+                      cfg["max_new_tokens"], engine.context_length or model_context_length(cfg["model"]),
+                      cfg["model"]["name"])
     arrivals = poisson_arrivals(len(prompts), cfg["request_rate"], cfg["seed"])
     curve = run_cost_curve(cfg, model, engine)
     build = method_drafter_factory(cfg, model, curve)

@@ -111,6 +111,30 @@ def check_context_length(model_cfg: dict, max_new_tokens: int) -> None:
                          f"({n} positions, prompt included); set max_new_tokens below {n}")
 
 
+def check_prompts_fit(prompts: list[tuple], max_new_tokens: int, context_length: int | None,
+                      model_name: str) -> None:
+    """InputError naming the first prompt that with max_new_tokens runs past the model's window, and
+    the fix: the largest max_new_tokens every prompt fits with, or the subtasks whose prompts fit.
+    prompts: (question id, subtask, prompt tokens) each. Nothing is checked where the window is
+    unknown (None)."""
+    if not context_length:
+        return
+    over = [p for p in prompts if p[2] + max_new_tokens > context_length]
+    if not over:
+        return
+    qid, subtask, tokens = over[0]
+    more = len(over) - 1
+    others = f", as {'does' if more == 1 else 'do'} {more} more question{'s' * (more > 1)}" if more else ""
+    fits = context_length - max(n for _, _, n in prompts)
+    fixes = [f"set max_new_tokens to at most {fits}"] if fits >= 1 else []
+    short = list(dict.fromkeys(p[1] for p in prompts if p[1] not in {o[1] for o in over}))
+    fixes.append(f"keep the subtasks that fit (task.subtasks=[{','.join(short)}])" if short else
+                 "use shorter prompts")
+    raise InputError(f"question {qid!r} (subtask {subtask}): its prompt of {tokens} tokens and max_new_tokens="
+                     f"{max_new_tokens} need {tokens + max_new_tokens} positions, beyond the context of model "
+                     f"{model_name} ({context_length} positions){others}; {' or '.join(fixes)}")
+
+
 BATCH_SPECULATION = ("fixed", "goodput")
 
 

@@ -21,28 +21,44 @@ from specbench.config import RunPlan
 from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.markdown import markdown_table
 from specbench.inputs.models import resolve_dtype
-from specbench.inputs.tasks import SUBTASKS, WARMUP_QUESTION, Question, load_task
+from specbench.inputs.tasks import WARMUP_QUESTION, Question, load_task
 from specbench.registry import build_drafter, drafter_class
-from specbench.run import baselines, lossless, metrics
+from specbench.run import baselines, lossless, memory, metrics
 from specbench.run.plan import check_identity, identity, plan_run, results_dir_for, run_identity
 from specbench.run.results_io import append_jsonl, repair_jsonl, write_json_atomic
-from specbench.run.settings import method_params
+from specbench.run.settings import check_prompts_fit, method_params, model_context_length
 from specbench.run.target import load_engine, make_sampler, method_drafter_factory, run_cost_curve
 from specbench.speculation import cost, roofline
 
 
+def prompt_bound(tokenizer, q: Question, template: str, max_new: int) -> int:
+    """An upper bound on the longest prompt any turn of `q` can have: the last turn's conversation
+    with empty answers (roles alternate, as strict chat templates demand), each answer then counted
+    at max_new tokens plus a few for re-tokenising its text. Exact for a one-turn question."""
+    messages = []
+    for t in q.turns:
+        messages += [{"role": "user", "content": t}, {"role": "assistant", "content": ""}]
+    ids = prompt_ids(tokenizer, messages[:-1], template)
+    return len(ids) + (len(q.turns) - 1) * (max_new + 16)
+
+
 def longest_prompt_bound(tokenizer, questions: list[Question], template: str, max_new: int) -> int:
-    """An upper bound on the longest prompt any turn of these questions can have: the last turn's
-    conversation with empty answers (roles alternate, as strict chat templates demand), each answer
-    then counted at max_new tokens plus a few for re-tokenising its text."""
-    longest = 0
-    for q in questions:
-        messages = []
-        for t in q.turns:
-            messages += [{"role": "user", "content": t}, {"role": "assistant", "content": ""}]
-        ids = prompt_ids(tokenizer, messages[:-1], template)
-        longest = max(longest, len(ids) + (len(q.turns) - 1) * (max_new + 16))
-    return longest
+    """The largest prompt_bound of these questions (0 for none)."""
+    return max((prompt_bound(tokenizer, q, template, max_new) for q in questions), default=0)
+
+
+def check_questions_fit(tokenizer, questions: list[Question], template: str, max_new: int,
+                        context_length: int | None, model_name: str) -> None:
+    """InputError, before anything is timed, naming the first question whose first-turn prompt and
+    max_new tokens run past the model's window (settings.check_prompts_fit). A later turn's prompt holds
+    the answers before it, known only as it starts: the engine checks it then (step.check_context), as
+    refusing on a bound would refuse Spec-Bench's two-turn questions on a 2k-window model whose answers
+    fit."""
+    if not context_length:
+        return
+    first = [(q.question_id, q.subtask, len(prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}],
+                                                          template))) for q in questions]
+    check_prompts_fit(first, max_new, context_length, model_name)
 
 
 def reserve_compiled_cache(engine: Engine, drafters: list, tokenizer, questions: list[Question],
@@ -65,19 +81,22 @@ def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str,
     drafter.start_question()
     messages: list[dict] = []
     turns = []
+    shared = memory.target_parts(engine.model)  # the target's weights are no drafter's state
     for turn_idx, text in enumerate(q.turns):
         messages.append({"role": "user", "content": text})
         ids = prompt_ids(tokenizer, messages, template)
         if sampler is not None:
             sampler.bind(q.question_id, turn_idx)
-        r = engine.generate(ids, drafter, max_new, sampler)
+        memory.start_turn(engine.device)
+        r = engine.generate(ids, drafter, max_new, sampler, measure_cache=memory.kv_cache_bytes)
         answer = answer_text(tokenizer, r.tokens)  # as Spec-Bench keeps it for turn 2
         messages.append({"role": "assistant", "content": answer})
         turns.append({
-            "prompt_ids": ids, "output": answer, "token_ids": r.tokens, "new_tokens": r.new_tokens,
-            "wall_time": r.wall_time, "prefill_time": r.prefill_time, "decoding_steps": r.decoding_steps,
-            "accept_lengths": r.accept_lengths, "step_rows": r.step_rows, "step_drafted": r.step_drafted,
-            "step_times": r.step_times,
+            "prompt_ids": ids, "input_tokens": len(ids), "output": answer, "token_ids": r.tokens,
+            "new_tokens": r.new_tokens, "wall_time": r.wall_time, "prefill_time": r.prefill_time,
+            "decoding_steps": r.decoding_steps, "accept_lengths": r.accept_lengths, "step_rows": r.step_rows,
+            "step_drafted": r.step_drafted, "step_times": r.step_times,
+            **memory.turn_memory(r.kv_cache_bytes, drafter, engine.device, shared),
         })
     rec = {"question_id": q.question_id, "category": q.category, "subtask": q.subtask,
            "method": drafter.name, "turns": turns}
@@ -115,8 +134,8 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "decode_tokens_per_s": metrics.tokens_per_s(records, decode_only=True),
         "mat": metrics.mat(records),
         "rows_per_step": metrics.rows_per_step(records),
-        "subtask_mat": {s: metrics.mat([r for r in records if r["subtask"] == s])
-                        for s in SUBTASKS if any(r["subtask"] == s for r in records)},
+        "subtasks": metrics.subtasks(records),  # the order of every per-subtask figure (metrics.ordered_subtasks)
+        "subtask_mat": {s: metrics.mat([r for r in records if r["subtask"] == s]) for s in metrics.subtasks(records)},
         "baseline": cfg["baseline"],
         "baseline_tokens_per_s": metrics.tokens_per_s(base) if base else None,
         "speedup": metrics.speedup(records, base) if base else None,
@@ -131,6 +150,10 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "latency": {"ttft": metrics.ttft(records), "per_token": metrics.per_token_latency(records),
                     "tpot_per_question": metrics.tpot(records)},
         "decode_speedup": metrics.speedup(records, base, decode_only=True) if base else None,
+        # per subtask: input tokens, speedups, MAT, acceptance, prefill time apart from decode, memory peaks
+        "by_subtask": metrics.subtask_figures(records, base),
+        # the largest turn's, over the run (run/memory.py; None where no turn recorded it)
+        "memory": {k: metrics.memory_peak(records, k) for k in metrics.MEMORY_KEYS},
         # the speedup with zero harness overhead on this hardware (specbench/speculation/cost.py); against
         # decode_speedup, the gap is what drafting, verification and bookkeeping cost
         "speedup_bound": bound["bound"] if bound else None,
@@ -151,7 +174,8 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
 
 
 def format_table(summary: dict) -> str:
-    cols = [s for s in SUBTASKS if summary["speedup"] and s in summary["speedup"]]
+    cols = [s for s in summary.get("subtasks") or [k for k in summary["speedup"] or {} if k != "overall"]
+            if summary["speedup"] and s in summary["speedup"]]
     head = ["method", *cols, "overall", "decode", "bound", "MAT", "tokens/s", "lossless"]
     sp = summary["speedup"] or {}
     dec = (summary.get("decode_speedup") or {}).get("overall")
@@ -182,6 +206,39 @@ def format_table(summary: dict) -> str:
                    "tokens it recycles save. Try method=tr_adaptive, which verifies each step the part of the "
                    "tree that pays on this machine's cost curve (docs/token-recycling.md).")
     return "\n".join(out)
+
+
+def subtask_table(summary: dict) -> str:
+    """Per subtask: questions, mean input tokens, speedup and decode speedup, MAT, drafted-token
+    acceptance, mean prefill time (method / AR), and the memory of the largest turn: KV cache, drafter
+    state, and the device's peak where CUDA measured one."""
+    figures = summary.get("by_subtask") or {}
+    peaks = any(f.get("peak_device_bytes") is not None for f in figures.values())
+    head = ["subtask", "questions", "input tokens", "speedup", "decode", "MAT", "acc. rate",
+            "prefill ms (method / AR)", "KV cache", "drafter state", *(["peak device"] if peaks else [])]
+    rows = []
+    for sub, f in figures.items():
+        prefill = [_number(f[k], "{:.0f}", 1000) for k in ("prefill_time", "baseline_prefill_time")]
+        rows.append([sub, f["questions"], _number(f["input_tokens"], "{:.0f}"), _number(f["speedup"], "{:.2f}x"),
+                     _number(f["decode_speedup"], "{:.2f}x"), f"{f['mat']:.2f}",
+                     _number(f["drafted_token_rate"], "{:.1%}"), " / ".join(prefill),
+                     format_bytes(f["kv_cache_bytes"]), format_bytes(f["drafter_state_bytes"]),
+                     *([format_bytes(f["peak_device_bytes"])] if peaks else [])])
+    return markdown_table(head, rows, pad=True, align="lrrrrrrrrr" + "r" * peaks)
+
+
+def _number(value, fmt: str, scale: float = 1) -> str:
+    return "-" if value is None else fmt.format(value * scale)
+
+
+def format_bytes(n: int | None) -> str:
+    """Bytes in the largest unit they fill (B, KiB, MiB, GiB); '-' for None."""
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def acceptance_latency_line(summary: dict) -> str:
@@ -293,6 +350,9 @@ def load_target_and_drafters(run: RunInProgress) -> None:
     cfg = run.cfg
     device, dtype = torch.device(cfg["device"]), resolve_dtype(cfg["dtype"])
     run.model, run.tok, run.engine = load_engine(cfg, device, dtype)
+    # a prompt that with max_new_tokens runs past the window is refused before anything compiles or is timed
+    check_questions_fit(run.tok, run.todo, cfg["model"]["chat_template"], cfg["max_new_tokens"],
+                        run.engine.context_length or model_context_length(cfg["model"]), cfg["model"]["name"])
     reserve_compiled_cache(run.engine, [drafter_class("ar"), drafter_class(run.method)], run.tok, run.todo,
                            cfg["model"]["chat_template"], cfg["max_new_tokens"])
     if run.engine.forward_name != cfg["forward"]:  # compiling the model failed: the engine went on eager
@@ -408,6 +468,7 @@ def finish(run: RunInProgress, baseline) -> Finished:
         summary["baseline_dir"] = str(baseline.directory)
     write_json_atomic(run.out_dir / "summary.json", summary)
     print(format_table(summary))
+    print(subtask_table(summary))
     if run.band:
         b = run.band
         print(f"rounding band: {b['band_ulps']:.3g} ulps of each row's largest logit (measured {b['measured_ulps']:.3g} "
