@@ -13,7 +13,7 @@ import torch
 from specbench.run.single import warm_up
 from specbench.decoding.engine import Engine
 from specbench.draft import DraftTree
-from specbench.speculation.cost import CostCurve
+from specbench.speculation.cost import CostCurve, StepTimes
 from specbench.inputs.tasks import MINI, WARMUP_QUESTION
 from specbench.registry import available_methods, build_drafter
 
@@ -36,6 +36,8 @@ def state_of(obj, depth: int = 0):
         return type(obj).__name__
     if isinstance(obj, DraftTree):  # a tree is its parents; masks and child lists are lazy caches
         return ("DraftTree", obj.parents)
+    if isinstance(obj, StepTimes):  # t(w) per context bucket, tabled on first use: a lazy cache
+        return ("StepTimes", state_of(obj.curve, depth + 1), obj.rows)
     if hasattr(obj, "__dict__"):
         return (type(obj).__name__, state_of(vars(obj), depth + 1))
     return repr(obj)

@@ -360,7 +360,11 @@ def load_target_and_drafters(run: RunInProgress) -> None:
         run.cfg = cfg = run.plan.applied(cfg)
         check_identity(run.out_dir, run_identity(cfg))  # answers resumed from the compiled forward do not mix
         write_run_config(run)
-    run.curve = run_cost_curve(cfg, run.model, run.engine)
+    # measured at the contexts the run's turns reach, so the bound and the goodput choices price a step
+    # at its own context (speculation/cost.py contexts_for)
+    longest = longest_prompt_bound(run.tok, run.questions, cfg["model"]["chat_template"], cfg["max_new_tokens"])
+    run.curve = run_cost_curve(cfg, run.model, run.engine,
+                               cost.contexts_for(longest, cfg["max_new_tokens"], run.engine.context_length))
     if run.curve is not None:
         run.curve.save(run.out_dir / "cost_curve.json")
     run.sampler = make_sampler(cfg)

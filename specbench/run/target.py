@@ -20,15 +20,16 @@ def make_sampler(cfg: dict) -> PositionSampler | None:
     return PositionSampler(cfg["temperature"], cfg["top_k"], cfg["top_p"], cfg["seed"])
 
 
-def run_cost_curve(cfg: dict, model, engine: Engine | None = None) -> cost.CostCurve | None:
+def run_cost_curve(cfg: dict, model, engine: Engine | None = None, contexts=()) -> cost.CostCurve | None:
     """The cost curve behind the run's speedup bound: `cost_curve=auto` takes the profiled one cached
-    for this model, device, dtype and forward, else measures a quick one (seconds); `off` none; else
-    a file, measured on the run's forward (eager or compiled)."""
+    for this model, device, dtype, forward and `contexts` (the contexts the run meets,
+    `cost.contexts_for`; none: the short one alone), else measures a quick one (seconds per context);
+    `off` none; else a file, measured on the run's forward (eager or compiled), at its own contexts."""
     setting = cfg["cost_curve"]
     if setting in (None, False, "off", "none"):
         return None
     # a curve file was checked against the run's forward in validate(); auto measures on the engine's own
-    return cost.resolve_curve(setting, model, cfg["model"]["name"], cfg["dtype"], engine=engine)
+    return cost.resolve_curve(setting, model, cfg["model"]["name"], cfg["dtype"], engine=engine, contexts=contexts)
 
 
 # The last model loaded in this process with its engine: a Hydra multirun (one process) loads the

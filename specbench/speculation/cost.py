@@ -2,11 +2,12 @@
 
 `measure_cost_curve` times the engine's own `forward_rows` for w rows after `context_len` cached
 tokens (device-synchronised, the median per width). `scripts/profile_cost.py` measures the full
-curve and caches it per (model, device name, dtype) under $SPECBENCH_CACHE/cost/; `curve_for` loads
-it, or measures a quick curve that lives only in this process (only the profiler writes the cache).
-A run's speedup bound, sum(accepted lengths) x t(1) / sum(t(rows of each step)), is its speedup with
-zero harness overhead, prefill excluded. A curve may carry the machine's roofline (roofline.py).
-Details: docs/cost-model.md.
+curve and caches it per (model, device name, dtype, contexts) under $SPECBENCH_CACHE/cost/;
+`curve_for` loads it, or measures a quick curve that lives only in this process (only the profiler
+writes the cache). A run's speedup bound, sum(accepted lengths) x t(1) / sum(t(rows of each step)),
+is its speedup with zero harness overhead, prefill excluded. A curve may carry the machine's
+roofline (roofline.py), and times at longer contexts (`contexts_for`), read at each step's own
+context. Details: docs/cost-model.md.
 """
 
 from __future__ import annotations
@@ -27,6 +28,57 @@ from specbench.decoding.kv_cache import with_cache
 from specbench.timing import device_name, now
 
 QUICK_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 81)
+SHORT_CONTEXT = 400  # cached tokens before the timed forward of a one-context curve
+CONTEXT_BUCKET = 256  # a drafter's table of t(w) is taken at its step's context rounded to this many tokens
+LONG_CONTEXT = 1024  # a run whose turns stay within this many tokens is priced at the short context alone
+ROWS_ROOM = 128  # a curve's longest context leaves the window room for this many rows
+
+
+def at_width(widths: list[int], times: list[float], w: float) -> float:
+    """Time of w rows on one context's row of times: linear between measured widths, linear
+    extrapolation past the last, the first width's time below it."""
+    if w <= widths[0]:
+        return times[0]
+    i = bisect_left(widths, w)
+    if i < len(widths) and widths[i] == w:
+        return times[i]
+    if i == len(widths):  # past the last width: extend the last segment
+        if len(widths) == 1:
+            return times[0]
+        i = len(widths) - 1
+    w0, w1, t0, t1 = widths[i - 1], widths[i], times[i - 1], times[i]
+    return t0 + (t1 - t0) * (w - w0) / (w1 - w0)
+
+
+def at_context(contexts: list[int], times: list[float], context: float) -> float:
+    """Time at `context` from the times at the measured (increasing) contexts: linear between them;
+    below the shortest, its time (what a one-context curve says there); past the longest, the last
+    segment extended (attention's share grows linearly with the context), never below the longest's
+    time (a noisy last segment must not make longer contexts cheaper)."""
+    if len(contexts) == 1 or context <= contexts[0]:
+        return times[0]
+    i = min(bisect_left(contexts, context), len(contexts) - 1)
+    c0, c1, t0, t1 = contexts[i - 1], contexts[i], times[i - 1], times[i]
+    t = t0 + (t1 - t0) * (context - c0) / (c1 - c0)
+    return max(t, times[-1]) if context > contexts[-1] else t
+
+
+def contexts_for(longest_prompt_tokens: int, max_new_tokens: int, window: int | None = None,
+                 short: int = SHORT_CONTEXT) -> tuple[int, ...]:
+    """The contexts a run's curve is measured at: the short one, then 1024, 2048, ... up to the first
+    that covers the run's longest context (longest prompt + max_new_tokens), that last one kept
+    `ROWS_ROOM` inside the model's `window`. Powers of two, so that runs of different tasks share a
+    cached curve; (short,) alone when the run never goes past LONG_CONTEXT, where a step costs about
+    what it costs at the short one (docs/cost-model.md)."""
+    longest = longest_prompt_tokens + max_new_tokens
+    if longest <= LONG_CONTEXT:
+        return (short,)
+    cap = None if window is None else max(short, window - ROWS_ROOM)
+    out, c = [short], 1024
+    while out[-1] < longest and (cap is None or out[-1] < cap):
+        out.append(c if cap is None else min(c, cap))
+        c *= 2
+    return tuple(out)
 
 
 @dataclass
@@ -46,43 +98,60 @@ class CostCurve:
     roofline: Roofline | None = None  # the machine's limits; absent in older curve files
     forward: str = "eager"  # eager | compiled (specbench/decoding/compiled.py)
     compile_seconds: float = 0.0  # compiling before the first timed forward (compiled only)
+    # the same widths timed after other numbers of cached tokens: context_times[i][j] is widths[j]'s
+    # time after contexts[i] tokens (context_len's are `times`); empty in one-context curves
+    contexts: list[int] = field(default_factory=list)
+    context_times: list[list[float]] = field(default_factory=list)
 
     def __post_init__(self):
         if isinstance(self.roofline, dict):
             self.roofline = Roofline.from_json(self.roofline)
-        pairs = sorted(zip((int(w) for w in self.widths), (float(t) for t in self.times)))
-        if not pairs or pairs[0][0] != 1:
+        widths = [int(w) for w in self.widths]
+        order = sorted(range(len(widths)), key=widths.__getitem__)
+        if not order or widths[order[0]] != 1:
             raise ValueError("a cost curve needs a time for w = 1 (the plain step)")
-        self.widths = [p[0] for p in pairs]
-        self.times = [p[1] for p in pairs]
+        if len(self.contexts) != len(self.context_times) or any(len(r) != len(widths) for r in self.context_times):
+            raise ValueError("a cost curve needs one time per width at every context")
+        if len({int(c) for c in self.contexts} | {self.context_len}) != len(self.contexts) + 1:
+            raise ValueError(f"a cost curve's contexts must differ from each other and from context_len "
+                             f"{self.context_len}, got {list(self.contexts)}")
+        self.widths = [widths[i] for i in order]
+        self.times = [float(self.times[i]) for i in order]
+        rows = sorted((int(c), [float(r[i]) for i in order]) for c, r in zip(self.contexts, self.context_times))
+        self.contexts = [c for c, _ in rows]
+        self.context_times = [r for _, r in rows]
 
-    def t(self, w: float) -> float:
-        """Forward time of w rows: linear between measured widths, linear extrapolation past them."""
-        ws, ts = self.widths, self.times
-        if w <= ws[0]:
-            return ts[0]
-        i = bisect_left(ws, w)
-        if i < len(ws) and ws[i] == w:
-            return ts[i]
-        if i == len(ws):  # past the last width: extend the last segment
-            if len(ws) == 1:
-                return ts[0]
-            i = len(ws) - 1
-        w0, w1, t0, t1 = ws[i - 1], ws[i], ts[i - 1], ts[i]
-        return t0 + (t1 - t0) * (w - w0) / (w1 - w0)
+    def grid(self) -> list[tuple[int, list[float]]]:
+        """(context, times per width) for every measured context, shortest first."""
+        return sorted([(self.context_len, self.times), *zip(self.contexts, self.context_times)])
 
-    def table(self, upto: int | None = None) -> list[float]:
-        """t(w) for w = 1..upto (default: the largest measured width), index w - 1."""
-        return [self.t(w) for w in range(1, (upto or self.widths[-1]) + 1)]
+    def t(self, w: float, context: float | None = None) -> float:
+        """Forward time of w rows after `context` cached tokens: linear between measured widths and
+        past the last (`at_width`), then between measured contexts (`at_context`). None, or a curve
+        measured at one context: the time at context_len."""
+        if context is None or not self.contexts:
+            return at_width(self.widths, self.times, w)
+        grid = self.grid()
+        return at_context([c for c, _ in grid], [at_width(self.widths, ts, w) for _, ts in grid], context)
 
-    def floor(self, w: float) -> float | None:
-        """The roofline floor of a w-row forward at this curve's context (None without a roofline)."""
-        return None if self.roofline is None else self.roofline.floor(w, self.context_len)
+    def table(self, upto: int | None = None, context: float | None = None) -> list[float]:
+        """t(w, context) for w = 1..upto (default: the largest measured width), index w - 1."""
+        return [self.t(w, context) for w in range(1, (upto or self.widths[-1]) + 1)]
+
+    def floor(self, w: float, context: float | None = None) -> float | None:
+        """The roofline floor of a w-row forward after `context` cached tokens (default: the curve's
+        context_len); None without a roofline."""
+        if self.roofline is None:
+            return None
+        return self.roofline.floor(w, self.context_len if context is None else context)
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["times_ms"] = {str(w): round(t * 1e3, 3) for w, t in zip(self.widths, self.times)}
-        del d["times"]
+        del d["times"], d["contexts"], d["context_times"]
+        if self.contexts:  # one-context curves keep the older files' keys, and only those
+            d["context_times_ms"] = {str(c): {str(w): round(t * 1e3, 3) for w, t in zip(self.widths, row)}
+                                     for c, row in zip(self.contexts, self.context_times)}
         if self.roofline is None:  # as older files: no key at all
             del d["roofline"]
         return d
@@ -94,9 +163,15 @@ class CostCurve:
             times = [float(v) / 1e3 for v in d["times_ms"].values()]
         else:
             widths, times = d["widths"], d["times"]
+        if "context_times_ms" in d:
+            by_context = d["context_times_ms"]
+            contexts = [int(c) for c in by_context]
+            context_times = [[float(row[str(w)]) / 1e3 for w in widths] for row in by_context.values()]
+        else:
+            contexts, context_times = d.get("contexts", []), d.get("context_times", [])
         keep = {k: d[k] for k in ("model", "device", "dtype", "context_len", "repeats", "quick",
                                   "created", "versions", "roofline", "forward", "compile_seconds") if k in d}
-        return cls(widths=widths, times=times, **keep)
+        return cls(widths=widths, times=times, contexts=contexts, context_times=context_times, **keep)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -110,24 +185,56 @@ class CostCurve:
     def load(cls, path: str | Path) -> "CostCurve":
         return cls.from_json(json.loads(Path(path).read_text()))
 
-    def speedup_bound(self, mat: float, mean_rows: float) -> float:
-        """MAT x t(1) / t(mean rows per step)."""
-        return mat * self.t(1) / self.t(mean_rows)
+    def speedup_bound(self, mat: float, mean_rows: float, context: float | None = None) -> float:
+        """MAT x t(1) / t(mean rows per step), both after `context` cached tokens."""
+        return mat * self.t(1, context) / self.t(mean_rows, context)
+
+
+class StepTimes:
+    """t(1..rows) at a step's context, for a drafter that weighs every width each step: one table per
+    `CONTEXT_BUCKET` tokens of context, built on first use (a one-context curve has one table)."""
+
+    def __init__(self, curve: CostCurve, rows: int):
+        self.curve, self.rows = curve, rows
+        self._tables: dict[int | None, list[float]] = {}
+
+    def key(self, context: int | None) -> int | None:
+        """The bucket `context` falls in: None (the curve's own context) for None or a one-context curve."""
+        if context is None or not self.curve.contexts:
+            return None
+        return round(context / CONTEXT_BUCKET) * CONTEXT_BUCKET
+
+    def at(self, context: int | None = None) -> list[float]:
+        key = self.key(context)
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = self.curve.table(self.rows, key)
+        return table
 
 
 def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_")
 
 
-def cache_path(model: str, device: str, dtype: str, forward: str = "eager") -> Path:
+def longer_contexts(contexts=()) -> list[int]:
+    """The contexts asked for beyond the short one, sorted: what a curve measures besides it."""
+    return sorted({int(c) for c in contexts} - {SHORT_CONTEXT})
+
+
+def cache_path(model: str, device: str, dtype: str, forward: str = "eager", contexts=()) -> Path:
+    """The cached curve's file; one measured at longer contexts (`contexts_for`) has its own, so a
+    short-context curve never stands in for a long task's."""
     from specbench.inputs.models import cache_root
 
     tail = "" if forward == "eager" else f"__{forward}"
+    longer = longer_contexts(contexts)
+    if longer:
+        tail += "__ctx" + "-".join(map(str, longer))
     return cache_root() / "cost" / f"{_slug(model)}__{_slug(device)}__{_slug(dtype)}{tail}.json"
 
 
-def load_cached(model: str, device: str, dtype: str, forward: str = "eager") -> CostCurve | None:
-    path = cache_path(model, device, dtype, forward)
+def load_cached(model: str, device: str, dtype: str, forward: str = "eager", contexts=()) -> CostCurve | None:
+    path = cache_path(model, device, dtype, forward, contexts)
     return CostCurve.load(path) if path.is_file() else None
 
 
@@ -150,19 +257,12 @@ def filled_cache_and_drafts(model, engine, widths, context_len: int):
 
 
 @torch.inference_mode()
-def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repeats: int = 7,
-                       warmup: int = 2, model_name: str = "", dtype_name: str | None = None,
-                       quick: bool = False, progress: bool = False, machine: bool = False,
-                       engine=None) -> CostCurve:
-    """Median time of the engine's forward over w rows after `context_len` cached tokens; with
-    `machine`, also the roofline (bandwidth and matmul throughput measured once per process).
-    `engine` (default: an eager one) is the engine whose forward is timed; a compiled one compiles
-    before the first timed call, and its compiling is reported apart."""
-    from specbench.decoding.engine import Engine
+def time_widths(model, engine, widths: list[int], context_len: int, repeats: int, warmup: int,
+                progress: bool = False) -> list[float]:
+    """Median seconds of the engine's forward over each of `widths` rows after `context_len` cached
+    tokens, the widths interleaved (forwards, then backwards) so that drift spreads evenly."""
     from specbench.decoding.kv_cache import compact_kv_cache
 
-    widths = sorted({int(w) for w in widths} | {1})
-    engine = engine or Engine(model, eos_token_ids=[])
     dev = engine.device
     cache, prefix, drafts = filled_cache_and_drafts(model, engine, widths, context_len)
     samples: dict[int, list[float]] = {w: [] for w in widths}
@@ -176,40 +276,64 @@ def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = 400, repea
             if rep >= warmup:
                 samples[w].append(dt)
         if progress:
-            print(f"  repeat {rep + 1}/{warmup + repeats}", flush=True)
+            print(f"  context {context_len}: repeat {rep + 1}/{warmup + repeats}", flush=True)
+    return [statistics.median(samples[w]) for w in widths]
+
+
+@torch.inference_mode()
+def measure_cost_curve(model, widths=QUICK_WIDTHS, context_len: int = SHORT_CONTEXT, repeats: int = 7,
+                       warmup: int = 2, model_name: str = "", dtype_name: str | None = None,
+                       quick: bool = False, progress: bool = False, machine: bool = False,
+                       engine=None, contexts=()) -> CostCurve:
+    """Median time of the engine's forward over w rows after `context_len` cached tokens, and after
+    each of `contexts` (one context after the other: only one filled cache is held at a time); with
+    `machine`, also the roofline (bandwidth and matmul throughput measured once per process).
+    `engine` (default: an eager one) is the engine whose forward is timed; a compiled one compiles
+    before the first timed call, and its compiling is reported apart."""
+    from specbench.decoding.engine import Engine
+
+    widths = sorted({int(w) for w in widths} | {1})
+    engine = engine or Engine(model, eos_token_ids=[])
+    dev = engine.device
+    times = time_widths(model, engine, widths, context_len, repeats, warmup, progress)
+    longer = sorted({int(c) for c in contexts} - {context_len})
+    context_times = [time_widths(model, engine, widths, c, repeats, warmup, progress) for c in longer]
     dtype = dtype_name or str(model.dtype).replace("torch.", "")
     return CostCurve(
-        widths=widths, times=[statistics.median(samples[w]) for w in widths], model=model_name,
+        widths=widths, times=times, model=model_name,
         device=device_name(dev), dtype=dtype, context_len=context_len, repeats=repeats, quick=quick,
         created=time.strftime("%Y-%m-%dT%H:%M:%S"),
         versions={"torch": torch.__version__, "transformers": __import__("transformers").__version__},
         roofline=roofline_for(model) if machine else None,
         forward="eager" if engine.compiled is None else engine.compiled.name,
         compile_seconds=0.0 if engine.compiled is None else round(engine.compiled.compile_seconds, 1),
+        contexts=longer, context_times=context_times,
     )
 
 
-# Quick curves measured in this process, by (model, device, dtype): the runner (for the bound) and
-# adaptive TR (for its trees) then use one and the same curve.
-_QUICK_CURVES: dict[tuple[str, str, str], CostCurve] = {}
+# Quick curves measured in this process, by (model, device, dtype, forward, longer contexts): the
+# runner (for the bound) and adaptive TR (for its trees) then use one and the same curve.
+_QUICK_CURVES: dict[tuple, CostCurve] = {}
 
 
 def curve_for(model, model_name: str, dtype_name: str, measure: bool = True,
-              context_len: int = 400, engine=None) -> CostCurve | None:
-    """The profiled curve cached for this (model, device, dtype); else a quick one measured now
-    (13 widths x 5 repeats, interleaved: about 10 s on this CPU, plus about a second for the
-    roofline's bandwidth and matmul figures) and kept for this process only;
-    or None when `measure` is false and nothing is at hand."""
+              context_len: int = SHORT_CONTEXT, engine=None, contexts=()) -> CostCurve | None:
+    """The profiled curve cached for this (model, device, dtype, forward, contexts); else a quick one
+    measured now (13 widths x 5 repeats per context, interleaved: seconds at the short context, more
+    at each longer one, plus the roofline's bandwidth and matmul figures; costs in docs/cost-model.md)
+    and kept for this process only; or None when `measure` is false and nothing is at hand.
+    `contexts`: the contexts the run meets (`contexts_for`), beside the short one."""
     dev_name = device_name(model.device)
     forward = "eager" if engine is None or engine.compiled is None else engine.compiled.name
-    cached = load_cached(model_name, dev_name, dtype_name, forward)
+    cached = load_cached(model_name, dev_name, dtype_name, forward, contexts)
     if cached is not None:
         return cached
-    key = (model_name, dev_name, dtype_name, forward)
+    key = (model_name, dev_name, dtype_name, forward, tuple(longer_contexts(contexts)))
     if key not in _QUICK_CURVES and measure:
         _QUICK_CURVES[key] = measure_cost_curve(model, QUICK_WIDTHS, context_len=context_len, repeats=5,
                                                 warmup=1, model_name=model_name, dtype_name=dtype_name,
-                                                quick=True, machine=True, engine=engine)
+                                                quick=True, machine=True, engine=engine,
+                                                contexts=longer_contexts(contexts))
     return _QUICK_CURVES.get(key)
 
 
@@ -227,9 +351,9 @@ def load_curve_file(spec: str | Path) -> CostCurve:
 
 
 def resolve_curve(spec=None, model=None, model_name: str = "", dtype_name: str | None = None,
-                  engine=None) -> CostCurve:
-    """A curve from a setting: a CostCurve, its JSON dict, a path to its JSON file, or None/'auto'
-    for `curve_for(model, ...)`."""
+                  engine=None, contexts=()) -> CostCurve:
+    """A curve from a setting: a CostCurve, its JSON dict, a path to its JSON file (with whatever
+    contexts it holds), or None/'auto' for `curve_for(model, ..., contexts)`."""
     if isinstance(spec, CostCurve):
         return spec
     if isinstance(spec, dict):
@@ -238,37 +362,69 @@ def resolve_curve(spec=None, model=None, model_name: str = "", dtype_name: str |
         return load_curve_file(spec)
     if model is None:
         raise ValueError("a cost curve is needed: give a curve file, or the model to measure one on")
-    return curve_for(model, model_name, dtype_name or str(model.dtype).replace("torch.", ""), engine=engine)
+    return curve_for(model, model_name, dtype_name or str(model.dtype).replace("torch.", ""), engine=engine,
+                     contexts=contexts)
+
+
+def prompt_tokens(turn: dict) -> int | None:
+    """A turn's prompt length: its `input_tokens` (answers of newer runs), else its `prompt_ids` (held
+    in memory while a run goes; answers.jsonl drops them); None when neither is there (older runs)."""
+    if "input_tokens" in turn:
+        return int(turn["input_tokens"])
+    return len(turn["prompt_ids"]) if "prompt_ids" in turn else None
+
+
+def step_contexts(prompt_len: int, accept_lengths: list[int]) -> list[int]:
+    """Cached tokens before each step of a turn: the prompt, then what every earlier step emitted
+    (the prefill's token is the first step's root, not yet in the cache)."""
+    out, context = [], prompt_len
+    for a in accept_lengths:
+        out.append(context)
+        context += a
+    return out
 
 
 def run_bound(curve: CostCurve | None, records: list[dict]) -> dict | None:
-    """Speedup bound of a run from its answers' per-turn `step_rows` and `accept_lengths`.
+    """Speedup bound of a run from its answers' per-turn `step_rows` and `accept_lengths`: AR's time for
+    each step's tokens over the step's own, both at the step's context where every turn says its
+    prompt length (see `prompt_tokens`), else all at the curve's context_len.
 
     Returns None without a curve, or when a turn lacks its rows (answers from older runs)."""
     if curve is None:
         return None
-    rows, acc = [], []
+    rows, acc, contexts = [], [], []
     for r in records:
         for t in r["turns"]:
             if "step_rows" not in t:
                 return None
             rows.extend(t["step_rows"])
             acc.extend(t["accept_lengths"])
+            prompt = prompt_tokens(t)
+            contexts.extend([None] * len(t["step_rows"]) if prompt is None
+                            else step_contexts(prompt, t["accept_lengths"]))
     if not rows:
         return None
+    if None in contexts:  # one turn without its prompt: all at one footing, a mixed bound would be neither
+        contexts = [None] * len(rows)
     mat = sum(acc) / len(acc)
     mean_rows = sum(rows) / len(rows)
-    t1 = curve.t(1)
+    mean_context = None if contexts[0] is None else sum(contexts) / len(contexts)
+    t1 = curve.t(1, mean_context)
+    ar_time = sum(a * curve.t(1, c) for a, c in zip(acc, contexts))  # AR: one plain step per token
     return {
-        "bound": sum(acc) * t1 / sum(curve.t(w) for w in rows),
-        "bound_mean_rows": curve.speedup_bound(mat, mean_rows),
+        "bound": ar_time / sum(curve.t(w, c) for w, c in zip(rows, contexts)),
+        "bound_mean_rows": curve.speedup_bound(mat, mean_rows, mean_context),
         "mean_rows": mean_rows,
+        "mean_context": mean_context,  # cached tokens per step; None: the turns did not say their prompts
         "cost_curve": curve_label(curve) | {
-            "t1_ms": round(t1 * 1e3, 3), "t_mean_rows_ms": round(curve.t(mean_rows) * 1e3, 3)},
+            "t1_ms": round(t1 * 1e3, 3), "t_mean_rows_ms": round(curve.t(mean_rows, mean_context) * 1e3, 3)},
     }
 
 
 def curve_label(curve: CostCurve) -> dict:
     """What a summary says about the curve behind its bound."""
-    return {"device": curve.device, "dtype": curve.dtype, "model": curve.model,
-            "context_len": curve.context_len, "quick": curve.quick, "created": curve.created}
+    label = {"device": curve.device, "dtype": curve.dtype, "model": curve.model,
+             "context_len": curve.context_len, "quick": curve.quick, "created": curve.created}
+    if curve.contexts:
+        label["contexts"] = [c for c, _ in curve.grid()]
+    return label

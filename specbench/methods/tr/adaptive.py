@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from specbench.speculation.cost import load_curve_file, resolve_curve
+from specbench.speculation.cost import StepTimes, load_curve_file, resolve_curve
 from specbench.draft import DecodeState, Draft
 from specbench.errors import SettingsError
 from specbench.speculation.goodput import (AcceptanceStats, RateTable, check_decay, choose_nodes, counterfactual_path, path_probabilities, prior_probabilities, subtree_parents)
@@ -72,7 +72,8 @@ class AdaptiveTokenRecycling(TokenRecycling):
         hardware_curve, model, model_name, dtype_name = t.hardware_curve, t.model, t.model_name, t.dtype_name
         # method.cost_curve, else the curve the runner measured or loaded, else one for the model
         self.curve = resolve_curve(cost_curve or hardware_curve, model, model_name, dtype_name)
-        self.step_times = self.curve.table(self.tree.size)  # t(w) for w = 1 .. template rows
+        # t(w) for w = 1 .. template rows at each step's context: a long context makes rows dearer
+        self.times = StepTimes(self.curve, self.tree.size)
         self.min_gain = float(min_gain)
         self.context_buckets = bool(context_buckets)
         self.confidence = self.device.type == "cpu" if confidence in ("auto", None) else bool(confidence)
@@ -98,7 +99,8 @@ class AdaptiveTokenRecycling(TokenRecycling):
                                          half_life if half_life is not None else 200, buckets)
         self._pending: deque = deque()  # per step: (root's index, template tokens, confidences, bucket)
         self._last: tuple[int, torch.Tensor] | None = None  # the previous step's (root index, tokens)
-        self._choice: dict[int, tuple[int, tuple[int, ...]]] = {}  # bucket -> (stats version, nodes)
+        # (bucket as _bucket says, the step's length bucket on the curve) -> (stats version, nodes)
+        self._choice: dict[tuple[int, int | None], tuple[int, tuple[int, ...]]] = {}
         self._subtrees: dict[tuple[int, ...], tuple[DraftTree, torch.Tensor]] = {}
         self.drafted_steps = 0
         self.plain_steps = 0
@@ -182,16 +184,23 @@ class AdaptiveTokenRecycling(TokenRecycling):
         q = [rates[self._cell(c[v], v, bucket)] for v in range(1, self.tree.size)]
         return path_probabilities(self.tree.parents, q)
 
-    def _nodes(self, bucket: int, p: list[float], per_step: bool) -> tuple[int, ...]:
-        """The sub-tree to draft from this step's p(v): chosen afresh with per-step confidences, else
-        only when the slot statistics have changed."""
+    @property
+    def step_times(self) -> list[float]:
+        """t(w) for w = 1 .. the rows a step may verify, at the curve's own context."""
+        return self.times.at(None)
+
+    def _nodes(self, bucket: int, p: list[float], per_step: bool, context: int | None = None) -> tuple[int, ...]:
+        """The sub-tree to draft from this step's p(v) and t(w) after `context` cached tokens: chosen
+        afresh with per-step confidences, else only when the slot statistics have changed or the
+        context has moved to another of the curve's length buckets (StepTimes)."""
+        step_times = self.times.at(context)
         if per_step:
-            return choose_nodes(p, self.tree.parents, self.step_times, self.min_gain)
+            return choose_nodes(p, self.tree.parents, step_times, self.min_gain)
         version = self.stats.version[bucket]
-        cached = self._choice.get(bucket)
+        key = (bucket, self.times.key(context))
+        cached = self._choice.get(key)
         if cached is None or cached[0] != version:
-            cached = self._choice[bucket] = (version, choose_nodes(p, self.tree.parents, self.step_times,
-                                                                   self.min_gain))
+            cached = self._choice[key] = (version, choose_nodes(p, self.tree.parents, step_times, self.min_gain))
         return cached[1]
 
     def _subtree(self, nodes: tuple[int, ...]) -> tuple[DraftTree, torch.Tensor]:
@@ -224,7 +233,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
     def propose(self, state: DecodeState) -> Draft | None:
         tokens, host_conf, bucket = self._prepare(state)
         p = self._probabilities(bucket, host_conf)
-        nodes = self._nodes(bucket, p, host_conf is not None)
+        nodes = self._nodes(bucket, p, host_conf is not None, state.tokens.numel() - 1)  # the root is not cached yet
         self._drafted = nodes
         if not nodes:
             self.plain_steps += 1

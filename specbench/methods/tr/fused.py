@@ -23,6 +23,7 @@ from specbench.draft import DraftTree
 from specbench.drafter import TARGET_FACTS
 from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
+from specbench.speculation.cost import StepTimes
 from specbench.speculation.goodput import RateTable, choose_nodes, subtree_parents
 from specbench.methods.pld import PromptLookup, find_match
 from specbench.methods.suffix.tree import SuffixTrees
@@ -106,7 +107,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         self.max_nodes = int(s.max_nodes)
         super().__init__(target, s, **{k: v for k, v in values.items() if k in TARGET_FACTS})
         extra = {"suffix": self.suffix_tokens, "pld": self.num_pred_tokens}.get(self.retrieval, 0)
-        self.step_times = self.curve.table(self.tree.size + extra)
+        self.times = StepTimes(self.curve, self.tree.size + extra)
 
     @classmethod
     def check_settings(cls, params: dict, target: dict) -> dict:
@@ -232,7 +233,8 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
                     extra.append(tok)
                     v = len(parents)
                 place.append(v)
-        nodes = choose_nodes(p, parents, self.step_times, self.min_gain, self.max_nodes)
+        # t(w) after the step's cached tokens (the root is not cached yet)
+        nodes = choose_nodes(p, parents, self.times.at(state.tokens.numel() - 1), self.min_gain, self.max_nodes)
         self._drafted = nodes
         self._sources = [source[v - 1] for v in nodes]
         if not nodes:
