@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from specbench.errors import SettingsError
 from specbench.main import run_benchmark
-from specbench.inputs.tasks import SUBTASKS, load_jsonl_questions, load_task
+from specbench.inputs.questions import SUBTASKS
+from specbench.inputs.tasks import load_jsonl_questions, load_task
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

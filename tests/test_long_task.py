@@ -17,7 +17,8 @@ import pytest
 from specbench.errors import MissingFileError, SettingsError
 from specbench.inputs.chat import prompt_ids
 from specbench.inputs.datasets_task import load_dataset_questions
-from specbench.inputs.tasks import LONG_TASK, Question, load_jsonl_questions, load_task
+from specbench.inputs.questions import Question
+from specbench.inputs.tasks import LONG_TASK, load_jsonl_questions, load_task
 from tests.test_config import cfg
 
 ROOT = Path(__file__).resolve().parents[1]

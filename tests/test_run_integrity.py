@@ -195,7 +195,7 @@ def test_a_corrupt_results_file_is_one_line_naming_it(tmp_path):
 
 def test_a_missing_request_is_a_mismatch_in_a_serving_run():
     from specbench.run.serving import check_requests
-    from specbench.inputs.tasks import Question
+    from specbench.inputs.questions import Question
 
     q = Question("q1", "qa", ["hi"])
     checks = check_requests({"max_new_tokens": 4, "dtype": "float32"}, None, None, [[1, 2]], [q], [])

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specbench.errors import MissingFileError, SettingsError
-from specbench.inputs.questions import (  # noqa: F401  (the names loaders and reports take from here)
-    MT_BENCH_CATEGORIES, SUBTASKS, Question, checked_question, json_objects, subtask_of)
+from specbench.inputs.questions import Question, checked_question, json_objects
 
 # Our own prompts, two per subtask, short enough for a CPU smoke run.
 MINI = [

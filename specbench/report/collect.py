@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specbench.inputs.tasks import SUBTASKS
+from specbench.inputs.questions import SUBTASKS
 from specbench.report import tables
 from specbench.run import metrics
 from specbench.run.lossless import tally

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specbench.inputs.tasks import SUBTASKS  # noqa: E402
+from specbench.inputs.questions import SUBTASKS  # noqa: E402
 from specbench.report import tables  # noqa: E402
 from specbench.run import metrics  # noqa: E402
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from specbench.run import metrics
 from specbench.run.lossless import tally
 from specbench.run.results_io import write_json_atomic
-from specbench.inputs.tasks import MT_BENCH_CATEGORIES, SUBTASKS, json_objects, subtask_of
+from specbench.inputs.questions import MT_BENCH_CATEGORIES, SUBTASKS, json_objects, subtask_of
 
 # speed.py's task names, in the order it prints them ("mt_bench" is our "mt").
 SPECBENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "overall")

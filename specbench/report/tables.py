@@ -23,7 +23,7 @@ from statistics import mean, stdev
 
 from specbench.run import metrics
 from specbench.run.lossless import verdict_line
-from specbench.inputs.tasks import SUBTASKS
+from specbench.inputs.questions import SUBTASKS
 from specbench.markdown import markdown_table
 
 # (key, header) in Spec-Bench's leaderboard order; subtask columns are speedups over AR. Acc. rate

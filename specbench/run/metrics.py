@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from statistics import mean, stdev
 
-from specbench.inputs.tasks import SUBTASKS
+from specbench.inputs.questions import SUBTASKS
 
 
 def ordered_subtasks(names) -> list[str]:

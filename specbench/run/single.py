@@ -21,7 +21,8 @@ from specbench.config import RunPlan
 from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.markdown import markdown_table
 from specbench.inputs.models import resolve_dtype
-from specbench.inputs.tasks import WARMUP_QUESTION, Question, load_task
+from specbench.inputs.questions import Question
+from specbench.inputs.tasks import WARMUP_QUESTION, load_task
 from specbench.registry import build_drafter, drafter_class
 from specbench.run import baselines, lossless, memory, metrics
 from specbench.run.plan import check_identity, identity, plan_run, results_dir_for, run_identity
