@@ -26,16 +26,14 @@ import os
 import platform
 import re
 import shutil
-import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from specbench.inputs.chat import prompt_ids
+from specbench.inputs.questions import json_objects
 
-from specbench.inputs.chat import prompt_ids  # noqa: E402
-from specbench.inputs.questions import json_objects  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 BUCKETS = {"1k": 1000, "2k": 2000, "4k": 4000, "8k": 7500}  # "8k" leaves SmolLM2's 8192 room to answer
 TOLERANCE = 0.02

@@ -80,6 +80,12 @@ class AdaptiveTokenRecycling(TokenRecycling):
         self._prior_steps, self._half_life, self._prior_per_depth = prior_steps, half_life, prior_per_depth
         self.reset()
 
+    def share_learned_state(self, other: "AdaptiveTokenRecycling") -> None:
+        """The matrix, and the confidences that travel with its rows."""
+        super().share_learned_state(other)
+        if self.confidence:
+            self.probs = other.probs
+
     def reset(self) -> None:
         """An empty matrix and the prior statistics, as built."""
         super().reset()

@@ -159,8 +159,6 @@ class TokenRecycling(Drafter):
     def share_learned_state(self, other: "TokenRecycling") -> None:
         """One matrix for every request of a batch, as one TR server would keep it."""
         self.matrix, self.written = other.matrix, other.written
-        if hasattr(other, "probs"):  # tr_adaptive's confidences travel with their rows
-            self.probs = other.probs
 
     def expand(self, root: int) -> torch.Tensor:
         """The token of every template node, root first: (tree.size,) on the drafter's device."""
