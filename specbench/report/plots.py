@@ -245,18 +245,20 @@ def speedup_vs_input_length(runs, title: str | None = None):
         subs, values = subtask_speedups(df)
         tokens = {s: np.mean([r["subtask_input_tokens"][s] for r in df.to_dict("records")
                               if s in r["subtask_input_tokens"]]) for s in subs}
-        for m in _order(df["label"]):
+        for i, m in enumerate(_order(df["label"])):
             sel = values[df["label"] == m]
             mine = [r["subtask_input_tokens"] for r in df[df["label"] == m].to_dict("records")]
             xs = [np.mean([t[s] for t in mine if s in t]) for s in subs if sel[s].notna().any()]
             ys = [sel[s].mean() for s in subs if sel[s].notna().any()]
             err = [sel[s].std() if len(sel) > 1 else 0.0 for s in subs if sel[s].notna().any()]
-            ax.errorbar(xs, ys, yerr=err if len(sel) > 1 else None, marker="o", capsize=3, label=m)
+            # past the colour cycle's ten, a dashed line and another marker: every method told apart
+            ax.errorbar(xs, ys, yerr=err if len(sel) > 1 else None, marker="os"[i // 10 % 2], capsize=3, label=m,
+                        ls="-" if i < 10 else "--", color=f"C{i % 10}")
         ax.set_xticks([tokens[s] for s in subs], [f"{s}\n{tokens[s]:.0f}" for s in subs], fontsize=8)
     ax.set_xlabel("mean input tokens of the bucket")
     ax.set_ylabel("speedup over AR")
     ax.set_title(title or "Speedup against input length")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
 
