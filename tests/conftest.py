@@ -84,6 +84,20 @@ def real_model():
     return model, tok, eos_token_ids(model, tok)
 
 
+def save_tiny_llama_dir(path: Path, tok, max_positions: int) -> Path:
+    """A two-layer random Llama with `tok` (the embedded model's tokenizer), saved as a local model
+    directory for `python run.py model=hf model.path=...`: seconds to load and compile."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                      eos_token_id=tok.eos_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def spec_bench_path() -> Path:
     """The full question.jsonl when it is at hand, else the 18-question sample shipped with the tests

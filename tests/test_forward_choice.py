@@ -20,6 +20,7 @@ from specbench.decoding.forward_choice import ForwardChoice, choose_forward, pla
 from specbench.environment import EnvironmentProblem, check_torch_version, declared_minimum
 from specbench.methods.ar import Autoregressive
 from packaging.version import Version
+from tests.conftest import save_tiny_llama_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -110,17 +111,7 @@ def test_an_engine_whose_compile_fails_goes_on_eager(tiny_llama, monkeypatch, ca
 def tiny_model_dir(tmp_path_factory, real_model) -> Path:
     """A two-layer random Llama with the embedded model's tokenizer, saved as a local model directory: a
     real `python run.py model=hf` whose compile takes seconds, not minutes."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    _, tok, _ = real_model
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      eos_token_id=tok.eos_token_id)
-    path = tmp_path_factory.mktemp("tiny_hf")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_llama_dir(tmp_path_factory.mktemp("tiny_hf"), real_model[1], max_positions=2048)
 
 
 def _run(model_dir: Path, out: Path, env: dict) -> tuple[subprocess.CompletedProcess, dict]:

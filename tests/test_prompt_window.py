@@ -5,7 +5,6 @@ window and the fix; the engines refuse one as a backstop."""
 from __future__ import annotations
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 
 import run as cli
@@ -15,6 +14,7 @@ from specbench.errors import InputError
 from specbench.methods.ar import Autoregressive
 from specbench.run import serving, single
 from specbench.run.settings import check_prompts_fit
+from tests.conftest import save_tiny_llama_dir
 from tests.test_config import CONF
 
 
@@ -50,17 +50,7 @@ def short_window_model(tmp_path_factory, real_model):
     """A two-layer random Llama of 256 positions with the embedded model's tokenizer, as a model
     directory: the mini task's prompts (116 tokens and more with the chat template) fit it, but not
     with 200 new tokens, which alone do (so the settings' own check lets them through)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    _, tok, _ = real_model
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      eos_token_id=tok.eos_token_id)
-    path = tmp_path_factory.mktemp("short_window")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_llama_dir(tmp_path_factory.mktemp("short_window"), real_model[1], max_positions=256)
 
 
 def _never(what):
