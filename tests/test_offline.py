@@ -113,6 +113,16 @@ def test_local_gguf_loads_without_pip(which, embedded_gguf, converted_cache, pip
     _same_tokenizer(tok, real_model)
 
 
+def test_a_freshly_converted_gguf_in_half_precision_has_a_float32_referee(embedded_gguf, empty_cache):
+    # Found on the GPU node: the first load converts the GGUF, and transformers' quantizer left a marker
+    # that made `.float()` refuse, so every half-precision run failed at its first divergence.
+    from specbench.run.lossless import float32_twin
+
+    model, _ = load_model(dict(SMOL, path=str(embedded_gguf)), CPU, torch.float16)
+    assert model.dtype == torch.float16 and not getattr(model, "is_quantized", False)
+    assert float32_twin(model).dtype == torch.float32
+
+
 def test_carried_wheels_are_used_before_pip(smollm2_wheel, empty_cache, pip_calls, monkeypatch):
     monkeypatch.setenv("SPECBENCH_WHEELS", str(smollm2_wheel.parent))
     g = SMOL["gguf"]

@@ -372,8 +372,10 @@ def _load_gguf(name: str, gguf_path: Path, dtype: torch.dtype):
     tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
                                                  dtype=torch.float32)
-    # The weights are plain float tensors now; drop the GGUF marker so they can be saved.
+    # The weights are plain float tensors now; drop the GGUF markers so they can be saved and cast (the
+    # quantizer leaves an `is_quantized` attribute that makes `.float()` refuse, e.g. the float32 referee).
     model.hf_quantizer = None
+    vars(model).pop("is_quantized", None)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     _drop_unkeyed_conversion(conv.parent)
