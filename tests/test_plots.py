@@ -73,3 +73,22 @@ def test_speedup_against_input_length_where_the_subtasks_are_buckets(tmp_path):
     assert [t.get_text() for t in bars.axes[0].get_xticklabels()] == ["1k", "2k", "4k", "8k", "Overall"]
     written = plots.save_all(fr, tmp_path / "plots", formats=("png",))
     assert "speedup_vs_input_length__smollm2-135m_long-ps2_t0_m16_float32_cpu" in written
+
+
+def test_cost_curves_plot_each_curve_relative_to_its_own_single_row_step(tmp_path):
+    import json
+
+    from scripts.plot import main
+
+    cpu = dict(model="m", device="cpu", dtype="float32", forward="eager", times_ms={"1": 20.0, "2": 30.0, "81": 100.0})
+    gpu = dict(model="m", device="gpu", dtype="float16", times_ms={"1": 10.0, "81": 11.0})
+    fig = plots.cost_curves([cpu, gpu])
+    lines = {ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[0].lines if not ln.get_label().startswith("_")}
+    assert lines == {"m, cpu, float32, eager: t(1) = 20.0 ms": [1.0, 1.5, 5.0],
+                     "m, gpu, float16, eager: t(1) = 10.0 ms": [1.0, pytest.approx(1.1)]}
+    paths = []
+    for name, c in (("a", cpu), ("b", gpu)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(c))
+    assert main(["--cost-curves", *map(str, paths), "--out", str(tmp_path), "--formats", "png"]) == 0
+    assert (tmp_path / "cost_curves.png").read_bytes()[:4] == b"\x89PNG"

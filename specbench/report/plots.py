@@ -11,7 +11,9 @@ specbench.report.collect.frames and returns a Figure; ``save_all`` writes PNG an
 - speedup against input length, per method, where the subtasks are input-length buckets (task=long):
   each bucket at its measured mean input tokens;
 - per-node acceptance of a draft-tree template (TR): the tree, each node coloured by how often it
-  was on the accepted path when drafted, beside acceptance per depth and the matrix statistics.
+  was on the accepted path when drafted, beside acceptance per depth and the matrix statistics;
+- cost curves side by side: t(w) / t(1) against the rows a forward verifies, one line per curve file
+  (model, device, dtype, forward), t(1) in the legend.
 """
 
 from __future__ import annotations
@@ -299,6 +301,27 @@ def node_acceptance(nodes, title: str | None = None):
     ax2.set_xlabel("share of steps accepting a node at depth")
     ax2.set_title(f"{steps} steps; root row never written {100 * unwritten:.0f}%;\n"
                   f"root row's rank 0 = target's token {100 * rank0:.0f}%", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def cost_curves(curves: list[dict], title: str | None = None):
+    """t(w) / t(1) against rows w, one line per cost curve (the dicts of cost_curve.json files): how
+    much a wide verification costs relative to one plain step on each machine and shape."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for i, c in enumerate(curves):
+        times = {int(w): t for w, t in c["times_ms"].items()}
+        ws = sorted(times)
+        label = (f"{c['model']}, {c['device']}, {c['dtype']}, {c.get('forward', 'eager')}: "
+                 f"t(1) = {times[1]:.1f} ms")
+        ax.plot(ws, [times[w] / times[1] for w in ws], marker=".", label=label, color=f"C{i % 10}",
+                ls="-" if i < 10 else "--")
+    ax.axhline(1.0, color="grey", lw=1, ls=":")
+    ax.set_xlabel("rows verified in one forward (w)")
+    ax.set_ylabel("t(w) / t(1)")
+    ax.set_yscale("log")
+    ax.set_title(title or "Cost of a forward against its rows")
+    ax.legend(fontsize=6.5, loc="upper left")
     fig.tight_layout()
     return fig
 
