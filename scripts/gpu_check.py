@@ -12,12 +12,16 @@ What a call carries (`.gpu/callN/`, made by gpu_pack.py) is gathered into the no
 warm. The node needs nothing but its own Python with torch and transformers: hydra, omegaconf and gguf
 come as wheels, installed into a private folder; the network is never asked for.
 
-Stages, most valuable first: probe (GPU, versions, carried wheels), weights (the embedded model's
-GGUF assembled and checked by sha256), cuda_tests (the CUDA-only tests), cost_curves (random
-weights at SmolLM2-135M, Vicuna-7B and Vicuna-13B shapes, eager and compiled, with predicted
-speedups), real_model (every method on the embedded model, AR interleaved, every token checked),
-then its compiled and bfloat16 passes. On the CPU (--cpu) the CUDA-only parts are SKIP(cuda) and
-the shapes are small stand-ins.
+Stages, in this order: probe (GPU, versions, carried wheels), weights (the embedded model's GGUF
+assembled and checked by sha256), then by value: real_model (every method on the embedded model,
+eager float16, AR interleaved, every token checked, after a throwaway warm-up), cost_curves (random
+weights at SmolLM2-135M, Vicuna-7B and Vicuna-13B shapes, eager, compiled when time is left, with
+predicted speedups), cuda_tests (the CUDA-only tests, eager first), real_model_bf16 and
+real_model_compiled. Each stage is sure of its own budget, and the budgets add up within the call;
+a stage may also use what earlier stages left unused beyond what the later ones are sure of. Each
+stage's process, and everything it starts, writes straight into its log unbuffered, so a stage its
+budget ends leaves its progress, and its detail names the last line (the test that was running). On
+the CPU (--cpu) the CUDA-only parts are SKIP(cuda) and the shapes are small stand-ins.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -37,34 +43,55 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CARRIED = ROOT / ".gpu"
 NODE_DIR = Path(os.environ.get("SPECBENCH_NODE_DIR", "/tmp/specbench-node"))
-TOTAL_BUDGET = 540  # seconds: a call may run 600, and the archive and a margin need the rest
+TOTAL_BUDGET = 540  # seconds: a call may run 600, and a margin needs the rest
 CPU_BUDGET = 900  # the rehearsal: no device clock, but CI's time; the CPU runs the same stages slower
+ARCHIVE_SECONDS = 15  # held back from the stages for the archive and the summary
+MARGIN_SECONDS = 30  # also left out of the stages' sum: the driver's start, process starts
+GRACE_SECONDS = 3  # a stage past its budget is told to stop (SIGTERM) this long before it is killed
 # What comes back from the node: at most 8 files of at most 16 MiB, at most two folders down
 OUT_FILES, OUT_FILE_BYTES = 8, 16 << 20
 # Methods in the order their figures matter most, should a stage's time run out
 PRIORITY = ["tr", "tr_fused", "pld", "suffix", "eagle", "samd", "tr_adaptive", "lookahead", "rest", "medusa", "sps"]
 COMPILED_METHODS = ["tr", "tr_fused", "pld", "suffix"]
 SHAPES = {"gpu": ["smollm2-135m", "vicuna-7b", "vicuna-13b"], "cpu": ["tiny-135m", "tiny-7b", "tiny-13b"]}
+# New tokens per turn in the real-model stages: 32 on the GPU (every method within real_model's budget,
+# docs/gpu.md), 16 on the CPU
+MAX_NEW_TOKENS = {"gpu": 32, "cpu": 16}
+# A cost curve is not started with less than this left (seconds): eager, compiled (inductor, minutes cold)
+CURVE_MIN_SECONDS = {"eager": 10, "compiled": 40}
 PASS, FAIL, PARTIAL, SKIP_CUDA = "PASS", "FAIL", "PARTIAL", "SKIP(cuda)"
 
 
 @dataclass
 class Stage:
     name: str
-    gpu_budget: int  # seconds
+    gpu_budget: int  # seconds the stage is sure of (it may also get what earlier stages left unused)
     cpu_budget: int
     what: str
 
 
+# Run in this order: probe and weights, then the most valuable first. The GPU budgets add up to
+# TOTAL_BUDGET less ARCHIVE_SECONDS and MARGIN_SECONDS (tests/test_gpu_check.py; docs/gpu.md's table)
 STAGES = [
-    Stage("probe", 40, 90, "GPU, versions, carried wheels installed privately"),
-    Stage("weights", 30, 60, "the embedded model's GGUF from its parts, sha256 checked"),
-    Stage("cuda_tests", 100, 120, "CUDA tests: eager and CUDA graphs, float16 and bfloat16, syncs, matrix update"),
-    Stage("cost_curves", 150, 150, "t(w) at real shapes with random weights, predicted speedups"),
-    Stage("real_model", 200, 420, "every method on the embedded model, AR interleaved, every token checked"),
-    Stage("real_model_compiled", 90, 0, "the same on the compiled forward (CUDA graphs), the leading methods"),
-    Stage("real_model_bf16", 120, 200, "the same in bfloat16, the leading methods"),
+    Stage("probe", 25, 60, "GPU, versions, carried wheels installed privately"),
+    Stage("weights", 15, 30, "the embedded model's GGUF from its parts, sha256 checked"),
+    Stage("real_model", 260, 400, "every method on the embedded model in float16, eager, AR interleaved, every "
+                                  "token checked, after a throwaway warm-up"),
+    Stage("cost_curves", 75, 90, "t(w) at real shapes with random weights (eager; compiled if time is left), "
+                                 "predicted speedups"),
+    Stage("cuda_tests", 55, 60, "CUDA tests, eager first, then the compiled (CUDA graphs) ones: float16 and "
+                                "bfloat16, syncs, matrix update"),
+    Stage("real_model_bf16", 40, 200, "the same in bfloat16, the leading methods"),
+    Stage("real_model_compiled", 25, 30, "the same on the compiled forward (CUDA graphs), the leading methods"),
 ]
+
+
+def stage_budget(stages: list[Stage], i: int, left: float, cpu: bool, skip: set[str] = frozenset()) -> float:
+    """Stage i's budget: its own, and what earlier stages left unused beyond what the stages after it
+    are sure of; never more than is left."""
+    own = (lambda st: st.cpu_budget) if cpu else (lambda st: st.gpu_budget)
+    later = sum(own(st) for st in stages[i + 1:] if st.name not in skip)
+    return max(0.0, min(left, max(own(stages[i]), left - later)))
 
 
 # -- paths on the node ------------------------------------------------------------------------------
@@ -190,29 +217,115 @@ def stage_weights(ctx: dict) -> dict:
                                       f"sha256 {w['sha256'][:12]}"}
 
 
-CUDA_TESTS = ["tests/test_cuda.py", "tests/test_engine_device.py::test_tr_on_cuda_equals_ar_on_cuda",
-              "tests/test_gpu_readiness.py::test_on_cuda_a_step_synchronises_within_its_budget"]
+# The cheap eager tests first, the compile-heavy ones (inductor, tens of seconds each on a fresh node)
+# last: a budget cut still leaves the eager results, and the log names the test that was running
+CUDA_TESTS = ["tests/test_cuda.py::test_tr_matrix_update_is_deterministic_on_cuda",
+              "tests/test_engine_device.py::test_tr_on_cuda_equals_ar_on_cuda",
+              "tests/test_gpu_readiness.py::test_on_cuda_a_step_synchronises_within_its_budget",
+              "tests/test_cuda.py::test_a_compiled_step_synchronises_once",  # one compile (float16)
+              "tests/test_cuda.py::test_compiled_tr_equals_eager_ar",  # three: float32, float16, bfloat16
+              "tests/test_cuda.py::test_compiled_ar_equals_eager_ar_on_a_sliding_window_model"]
+
+
+def pytest_command(tests: list[str], junit: Path) -> list[str]:
+    """pytest unbuffered and verbose: each test's node id is in the log as it starts, its outcome as it ends."""
+    return [sys.executable, "-u", "-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider", "-n", "0",
+            "--junitxml", str(junit), *tests]
 
 
 def pytest_counts(text: str) -> dict:
     """passed/failed/skipped/errors from pytest's closing line."""
-    import re
-
     counts = {k: 0 for k in ("passed", "failed", "skipped", "error")}
     for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", text):
         counts[word.rstrip("s") if word.startswith("error") else word] += int(n)
     return counts
 
 
+def verbose_counts(text: str) -> dict:
+    """passed/failed/skipped/errors from pytest -v's line per test, for a run that never reached its end."""
+    counts = {k: 0 for k in ("passed", "failed", "skipped", "error")}
+    for word in re.findall(r"::\S+ (PASSED|FAILED|SKIPPED|ERROR)\b", text):
+        counts[{"ERROR": "error"}.get(word, word.lower())] += 1
+    return counts
+
+
+def closing_line(text: str) -> str | None:
+    """pytest's closing line ('=== 3 passed, 1 skipped in 4.1s ==='), if it got there."""
+    found = [ln for ln in text.splitlines() if re.match(r"^=+ .*\b(passed|failed|skipped|errors?|no tests ran)\b.* in "
+                                                        r"[\d.]+s", ln)]
+    return found[-1] if found else None
+
+
+NOISE = re.compile(r"^(\[transformers\]|Loading|Converting|Writing|[WIEF]\d{4} \d\d:\d\d:\d\d|warnings\.warn\()")
+
+
+def last_line(text: str) -> str | None:
+    """The log's last line that says something: not a progress bar, a library's logging line or a
+    warning's source line (a stage killed mid-way: what it was doing)."""
+    for raw in reversed(text.replace("\r", "\n").split("\n")):
+        ln = raw.strip()
+        if (not ln or NOISE.match(ln) or re.search(r"\d+%\|", ln) or re.search(r"\.py:\d+: \w*Warning: ", ln)
+                or re.search(r"\d+(it/s|s/it)\]$", ln)):
+            continue
+        return ln[:300]
+    return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (Linux /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def run_job(cmd: list[str], timeout: float, **kwargs) -> int | None:
+    """A stage's job (pytest, a cost curve): its output straight into the stage's log (inherited), its
+    exit code, or None when it ran past `timeout` and was killed with everything it started
+    (inductor's compile workers included)."""
+    proc = subprocess.Popen(cmd, **kwargs)
+    try:
+        return proc.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+        return None
+
+
+def log_text(ctx: dict) -> str:
+    """What the stage's log holds so far (its jobs write into it too)."""
+    log = ctx.get("log")
+    return log.read_text(errors="replace") if log is not None and log.is_file() else ""
+
+
 def stage_cuda_tests(ctx: dict) -> dict:
-    log = ctx["work"] / "cuda_tests.log"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-n", "0",
-                           "--junitxml", str(ctx["work"] / "cuda_tests.xml"), *CUDA_TESTS],
-                          capture_output=True, text=True, env=ctx["env"], cwd=ROOT)
-    log.write_text(done.stdout + done.stderr)
-    c = pytest_counts(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "")
+    before = len(log_text(ctx))
+    print(f"gpu_check: cuda_tests: {len(CUDA_TESTS)} selections, the eager ones first", flush=True)
+    rc = run_job(pytest_command(CUDA_TESTS, ctx["work"] / "cuda_tests.xml"), ctx["deadline"] - time.time(),
+                 env=ctx["env"], cwd=ROOT)
+    out = log_text(ctx)[before:]
+    closing = closing_line(out)
+    c = pytest_counts(closing) if closing else verbose_counts(out)
     detail = f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped, {c['error']} errors"
-    if c["failed"] or c["error"] or done.returncode not in (0, 5):
+    if rc is None:
+        detail += f"; ran out of its budget at: {last_line(out) or 'no output'}"
+        return {"status": FAIL if c["failed"] or c["error"] else PARTIAL, "detail": detail, "counts": c}
+    if c["failed"] or c["error"] or rc not in (0, 5):
+        if rc not in (0, 1, 5) and not closing:
+            detail += f"; pytest exited {rc}: {last_line(out) or 'no output'}"
         return {"status": FAIL, "detail": detail, "counts": c}
     if not ctx["cuda"]:
         return {"status": SKIP_CUDA if not c["passed"] else PASS, "detail": detail + " (no GPU here)", "counts": c}
@@ -221,7 +334,8 @@ def stage_cuda_tests(ctx: dict) -> dict:
 
 def stage_cost_curves(ctx: dict) -> dict:
     """scripts/shape_cost.py per shape and forward, each in its own process (a 13B model's memory is
-    returned when it ends); the curves and prediction tables go to work/cost/."""
+    returned when it ends), the eager curves first, the compiled ones only while time is left; the
+    curves and prediction tables go to work/cost/, each job's output into the stage's log."""
     out = ctx["work"] / "cost"
     out.mkdir(exist_ok=True)
     kind = "gpu" if ctx["cuda"] else "cpu"
@@ -230,24 +344,25 @@ def stage_cost_curves(ctx: dict) -> dict:
     results, failed = [], []
     for i, (shape, forward) in enumerate(jobs):
         left = ctx["deadline"] - time.time()
-        if left < 10:
+        if left < CURVE_MIN_SECONDS[forward]:
             failed.append(f"{shape}/{forward}: no time left")
             continue
-        cmd = [sys.executable, "scripts/shape_cost.py", "--shape", shape, "--out", str(out),
+        cmd = [sys.executable, "-u", "scripts/shape_cost.py", "--shape", shape, "--out", str(out),
                "--device", "cuda" if ctx["cuda"] else "cpu", "--dtype", "float16" if ctx["cuda"] else "float32"]
         if not ctx["cuda"]:  # the stand-ins: the command's path, not figures
             cmd += ["--widths", "1,4,16,81", "--repeats", "2"]
         if forward == "compiled":
             cmd.append("--compile")
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, env=ctx["env"], cwd=ROOT,
-                                  timeout=max(10.0, left / (len(jobs) - i) * 1.5))
-        except subprocess.TimeoutExpired:
-            failed.append(f"{shape}/{forward}: timed out")
-            continue
-        (out / f"{shape}_{forward}.log").write_text(done.stdout + done.stderr)
-        if done.returncode != 0:
-            failed.append(f"{shape}/{forward}: " + ((done.stderr.strip().splitlines() or ["exit " + str(done.returncode)])[-1]))
+            timeout = left  # only what the eager curves left
+        else:  # an eager curve that hangs leaves the next ones their share
+            timeout = max(CURVE_MIN_SECONDS[forward], left / sum(f == "eager" for _, f in jobs[i:]) * 1.5)
+        print(f"gpu_check: cost_curves: {shape}/{forward} ({i + 1} of {len(jobs)}, {left:.0f} s left)", flush=True)
+        before = len(log_text(ctx))
+        rc = run_job(cmd, min(timeout, left), env=ctx["env"], cwd=ROOT)
+        if rc is None:
+            failed.append(f"{shape}/{forward}: timed out at: {last_line(log_text(ctx)[before:]) or 'no output'}")
+        elif rc != 0:
+            failed.append(f"{shape}/{forward}: " + (last_line(log_text(ctx)[before:]) or f"exit {rc}"))
         else:
             results.append(f"{shape}/{forward}")
     missing_compiled = [f for f in failed if "/compiled" in f]
@@ -265,25 +380,59 @@ def method_order(available: list[str], wanted: list[str] | None = None) -> list[
     return [m for m in PRIORITY if m in pool] + sorted(m for m in pool if m not in PRIORITY)
 
 
-def real_model_overrides(ctx: dict, dtype: str, forward: str, root: Path) -> list[str]:
+# The throwaway warm-up: AR on one question (and the runner's own warm-up, this many times over)
+WARMUP_SUBTASK, WARMUP_REPEATS = "translation", 2
+
+
+def real_model_overrides(ctx: dict, dtype: str, forward: str, root: Path, warm_up: bool = False) -> list[str]:
+    """The runner's settings for a real-model stage; `warm_up`: the throwaway AR run on one question."""
     cpu = not ctx["cuda"]
     questions = node_paths()["questions"] / "question.jsonl"
     over = ["model=smollm2-135m", f"device={'cpu' if cpu else 'cuda'}", f"dtype={dtype}",
-            f"compile={'on' if forward == 'compiled' else 'off'}", "baseline=interleave", "warmup=1",
-            f"max_new_tokens={ctx['max_new_tokens']}", f"results_root={root}", "wandb.enabled=false",
-            "progress=false", f"cost_curve={'off' if cpu else 'auto'}"]
+            f"compile={'on' if forward == 'compiled' else 'off'}", "baseline=interleave",
+            f"warmup={WARMUP_REPEATS if warm_up else 1}", f"max_new_tokens={ctx['max_new_tokens']}",
+            f"results_root={root}", "wandb.enabled=false", "progress=false", f"cost_curve={'off' if cpu else 'auto'}"]
     if questions.is_file():
         over += ["task=spec_bench", f"task.path={questions}", "task.per_subtask=1"]
-        if cpu:
+        if warm_up:
+            over += [f"task.subtasks=[{WARMUP_SUBTASK}]"]
+        elif cpu:
             over += ["task.subtasks=[translation,math_reasoning]"]
     else:  # the rehearsal without Spec-Bench's file: the built-in questions
-        over += ["task=mini", "task.limit=2" if cpu else "task.limit=12"]
+        over += ["task=mini", "task.limit=1" if warm_up else "task.limit=2" if cpu else "task.limit=12"]
     return over
 
 
+def median_step_ms(path: Path) -> float | None:
+    """The median of every decoding step's time, in ms, over a run's answers.jsonl or
+    baseline_answers.jsonl (each turn's step_times)."""
+    import statistics
+
+    if not path.is_file():
+        return None
+    times = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        for turn in record.get("turns", []):
+            times += turn.get("step_times") or []
+    return round(statistics.median(times) * 1e3, 2) if times else None
+
+
+def step_medians(summary: dict) -> dict:
+    """Median method step and median AR step (ms) of a finished run: an AR disturbed by something
+    outside the run shows as an AR step unlike the other methods' AR steps."""
+    d = Path(summary.get("results_dir") or "/nonexistent")
+    return {"step_ms": median_step_ms(d / "answers.jsonl"), "ar_step_ms": median_step_ms(d / "baseline_answers.jsonl")}
+
+
 def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[str]) -> dict:
-    """Each method through the runner in this process (the model loads once), AR interleaved; a
-    method that fails is recorded and the next one runs; none starts without the time it needs."""
+    """Each method through the runner in this process (the model loads once), AR interleaved, after a
+    throwaway AR run (loading, converting, the rounding band, the cost curve, the GPU's and allocator's
+    first use: none of it in the first method's figures); a method that fails is recorded and the next
+    one runs; none starts without the time the previous one took."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -291,20 +440,37 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
     from specbench.errors import SpecbenchError
 
     root = ctx["work"] / "runs" / name
-    rows, last = [], 0.0
+    rows, last, warm = [], 0.0, {"status": "not run"}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        start = time.time()
+        print(f"gpu_check: {name}: warm-up (AR on one question, not counted)", flush=True)
+        try:
+            cfg = compose("config", overrides=["method=ar", *real_model_overrides(ctx, dtype, forward,
+                                                                                  root / "warmup", warm_up=True)])
+            warm = {"status": "ok", **step_medians(run_benchmark(OmegaConf.to_container(cfg, resolve=True)))}
+        except BaseException as e:  # noqa: BLE001 - the methods still run (the first one then pays for loading)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            warm = {"status": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+            (ctx["work"] / f"{name}_warmup.traceback").write_text(traceback.format_exc())
+        warm["seconds"] = round(time.time() - start, 1)
+        warm["ar_step_ms"] = warm.pop("step_ms", None)
+        print(f"  {name}: warm-up {warm['status']} in {warm['seconds']:.0f} s (AR median step "
+              f"{warm['ar_step_ms']} ms)", flush=True)
         for m in methods:
             left = ctx["deadline"] - time.time()
-            if left < 1.5 * last:  # the first method's time is not the guide: it pays for loading
+            if left < 1.5 * last:
                 rows.append({"method": m, "status": "SKIP(time)"})
                 continue
+            print(f"gpu_check: {name}: {m} ({left:.0f} s left)", flush=True)
             start = time.time()
             row = {"method": m, "forward": forward, "dtype": dtype}
             try:
                 cfg = compose("config", overrides=[f"method={m}", *real_model_overrides(ctx, dtype, forward, root)])
                 summary = run_benchmark(OmegaConf.to_container(cfg, resolve=True))
                 code = main_exit_code(summary, OmegaConf.to_container(cfg, resolve=True))
-                row.update(summary_row(summary), status="ok" if code == 0 else "lossless check failed")
+                row.update(summary_row(summary), **step_medians(summary),
+                           status="ok" if code == 0 else "lossless check failed")
             except SpecbenchError as e:
                 row.update(status=f"error: {e}")
             except BaseException as e:  # a CUDA error, a bug, a SystemExit: recorded, the next one runs
@@ -313,10 +479,12 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
                 row.update(status=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
                 (ctx["work"] / f"{name}_{m}.traceback").write_text(traceback.format_exc())
             took = time.time() - start
-            last = took if len(rows) > 0 else 0.0
+            # the first method's time is a guide only when the warm-up paid for loading
+            last = took if rows or warm["status"] == "ok" else 0.0
             row["seconds"] = round(took, 1)
             rows.append(row)
-            print(f"  {name}: {m} {row['status']} in {took:.0f} s", flush=True)
+            print(f"  {name}: {m} {row['status']} in {took:.0f} s (median step {row.get('step_ms')} ms, "
+                  f"AR {row.get('ar_step_ms')} ms)", flush=True)
             (ctx["work"] / f"{name}.json").write_text(json.dumps(rows, indent=1))  # kept if the budget ends it
     bad = [r for r in rows if r["status"] not in ("ok", "SKIP(time)")]
     skipped = [r["method"] for r in rows if r["status"] == "SKIP(time)"]
@@ -326,7 +494,9 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
         detail += "; " + "; ".join(f"{r['method']}: {r['status']}" for r in bad)
     if skipped:
         detail += f"; no time for {', '.join(skipped)}"
-    return {"status": status, "detail": detail, "rows": rows}
+    if warm["status"] != "ok":
+        detail += f"; warm-up: {warm['status']}"
+    return {"status": status, "detail": detail, "rows": rows, "warmup": warm}
 
 
 def summary_row(s: dict) -> dict:
@@ -374,9 +544,9 @@ def stage_real_model_bf16(ctx: dict) -> dict:
                                              method_order(available_methods(), ["tr", "tr_fused", "pld", "suffix"]))
 
 
-STAGE_FUNCTIONS = {"probe": stage_probe, "weights": stage_weights, "cuda_tests": stage_cuda_tests,
-                   "cost_curves": stage_cost_curves, "real_model": stage_real_model,
-                   "real_model_compiled": stage_real_model_compiled, "real_model_bf16": stage_real_model_bf16}
+STAGE_FUNCTIONS = {"probe": stage_probe, "weights": stage_weights, "real_model": stage_real_model,
+                   "cost_curves": stage_cost_curves, "cuda_tests": stage_cuda_tests,
+                   "real_model_bf16": stage_real_model_bf16, "real_model_compiled": stage_real_model_compiled}
 
 
 def stage_env(cpu: bool) -> dict:
@@ -393,13 +563,18 @@ def stage_env(cpu: bool) -> dict:
 
 
 def run_one_stage(name: str, args) -> int:
-    """The body of `_stage NAME`: one stage in this process, its result written as JSON."""
+    """The body of `_stage NAME`: one stage in this process, its result written as JSON. Told to stop
+    (SIGTERM, its budget ended), it leaves where every thread was in work/NAME.at_budget.traceback."""
+    import faulthandler
+
     import torch
 
     work = Path(args.work)
+    where = open(work / f"{name}.at_budget.traceback", "w")
+    faulthandler.register(signal.SIGTERM, file=where, all_threads=True, chain=True)
     ctx = {"work": work, "cuda": torch.cuda.is_available() and not args.cpu, "deadline": args.deadline,
            "manifest": json.loads(node_paths()["manifest"].read_text()) if node_paths()["manifest"].is_file() else {},
-           "env": stage_env(args.cpu), "max_new_tokens": args.max_new_tokens,
+           "env": stage_env(args.cpu), "max_new_tokens": args.max_new_tokens, "log": work / f"{name}.log",
            "methods": args.methods.split(",") if args.methods else None}
     try:
         result = STAGE_FUNCTIONS[name](ctx)
@@ -408,7 +583,40 @@ def run_one_stage(name: str, args) -> int:
         (work / f"{name}.traceback").write_text(traceback.format_exc())
     (work / "stages").mkdir(exist_ok=True)
     (work / "stages" / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
+    faulthandler.unregister(signal.SIGTERM)
+    where.close()
+    Path(where.name).unlink()  # it ended on its own
     return 0
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_stage_process(cmd: list[str], log_path: Path, budget: float, env: dict, cwd: Path = ROOT) -> bool:
+    """A stage's process, in a process group of its own, its output (and its jobs') unbuffered into
+    log_path; past its budget it is told to stop (SIGTERM: it leaves where it was), then the whole
+    group is killed, so nothing it started (pytest, a compile's workers) runs on into the next stage.
+    Returns whether the budget ended it."""
+    env = dict(env, PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=max(1.0, budget - GRACE_SECONDS))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(proc.pid, signal.SIGKILL)  # whatever of the group is left, the stage ended or not
+        proc.wait()
+    return timed_out
 
 
 # -- the driver --------------------------------------------------------------------------------------
@@ -426,6 +634,7 @@ def run_all(args) -> int:
     cpu = args.cpu
     env = stage_env(cpu)
     total = args.budget
+    skip = set(filter(None, args.skip.split(",")))
     log = open(out / "log.txt", "w")
 
     def say(line: str) -> None:
@@ -437,33 +646,28 @@ def run_all(args) -> int:
     say(f"gpu_check: {'CPU rehearsal' if cpu else 'GPU'} run, {total} s in all; weight parts here: "
         f"{len(present)}/{len(present) + len(missing)}")
     results = {}
-    for st in STAGES:
-        budget = st.cpu_budget if cpu else st.gpu_budget
-        left = total - (time.time() - start) - 15  # the archive's time
-        if st.name in args.skip.split(","):
+    for i, st in enumerate(STAGES):
+        if st.name in skip:
             results[st.name] = {"status": "SKIP(asked)", "detail": "--skip", "seconds": 0}
             continue
-        if budget <= 0 and cpu:
-            budget = 30  # a CPU stand-in that only reports SKIP(cuda)
-        budget = min(budget, left)
+        left = total - (time.time() - start) - ARCHIVE_SECONDS
+        budget = stage_budget(STAGES, i, left, cpu, skip)
         if budget < 5:
             results[st.name] = {"status": "SKIP(time)", "detail": "no time left", "seconds": 0}
             say(f"== {st.name}: SKIP(time)")
             continue
-        say(f"== {st.name} ({st.what}; budget {budget:.0f} s)")
+        own = st.cpu_budget if cpu else st.gpu_budget
+        say(f"== {st.name} ({st.what}; budget {budget:.0f} s" + (f", its own {own} s" if round(budget) != own else "")
+            + ")")
         t0 = time.time()
-        cmd = [sys.executable, str(Path(__file__).resolve()), "_stage", st.name, "--work", str(work),
-               "--deadline", str(t0 + budget - 3), "--max-new-tokens", str(args.max_new_tokens)]
+        cmd = [sys.executable, "-u", str(Path(__file__).resolve()), "_stage", st.name, "--work", str(work),
+               "--deadline", str(t0 + budget - GRACE_SECONDS - 2), "--max-new-tokens", str(args.max_new_tokens)]
         cmd += ["--cpu"] if cpu else []
         cmd += ["--methods", args.methods] if args.methods else []
-        with open(work / f"{st.name}.log", "w") as stage_log:
-            try:
-                subprocess.run(cmd, stdout=stage_log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=budget)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
+        timed_out = run_stage_process(cmd, work / f"{st.name}.log", budget, env)
         res = stage_result(work, st.name, timed_out)
         res["seconds"] = round(time.time() - t0, 1)
+        res["budget"] = round(budget)
         results[st.name] = res
         say(f"   {res['status']} in {res['seconds']:.0f} s: {res['detail']}")
     (work / "stages.json").write_text(json.dumps(results, indent=1, default=str))
@@ -482,20 +686,21 @@ def run_all(args) -> int:
 
 
 def stage_result(work: Path, name: str, timed_out: bool) -> dict:
-    """What a stage's process left: its result, else what it finished before its budget ended it."""
+    """What a stage's process left: its result, else what it finished before its budget ended it and
+    the last line of its log (what it was doing: the test, the method, the compile)."""
     result_file = work / "stages" / f"{name}.json"
     if result_file.is_file():
         return json.loads(result_file.read_text())
+    log = work / f"{name}.log"
+    last = last_line(log.read_text(errors="replace")) if log.is_file() else None
+    ended = "ran past its budget" if timed_out else "ended without a result"
     rows_file = work / f"{name}.json"  # methods finished so far (run_methods writes it after each)
     if rows_file.is_file():
         rows = json.loads(rows_file.read_text())
         done = [r["method"] for r in rows if r["status"] == "ok"]
         return {"status": PARTIAL if timed_out and done else FAIL, "rows": rows,
-                "detail": f"{len(done)} methods done ({', '.join(done)})" + ("; ran past its budget" if timed_out else "")}
-    lines = [ln for ln in (work / f"{name}.log").read_text(errors="replace").splitlines()
-             if ln.strip() and not ln.startswith(("[transformers]", "Loading", "Converting", "Writing"))]
-    return {"status": PARTIAL if timed_out else FAIL,
-            "detail": ("ran past its budget; " if timed_out else "") + (lines[-1][:300] if lines else "no output")}
+                "detail": f"{len(done)} methods done ({', '.join(done)}); {ended} at: {last or 'no output'}"}
+    return {"status": PARTIAL if timed_out else FAIL, "detail": f"{ended} at: {last or 'no output'}"}
 
 
 def archive(work: Path, target: Path) -> None:
@@ -534,11 +739,12 @@ def summary_markdown(results: dict, work: Path, cpu: bool) -> str:
         lines += [f"{env.get('gpu') or 'no GPU'}; Python {env.get('python')}; torch {env.get('torch')} (CUDA "
                   f"{env.get('cuda')}); transformers {env.get('transformers')}; {env.get('nvidia_smi', '')}", ""]
     lines += cost_lines(work)
-    for name in ("real_model", "real_model_compiled", "real_model_bf16"):
+    for name in ("real_model", "real_model_bf16", "real_model_compiled"):
         lines += method_lines(results.get(name, {}), name)
-    lines += ["## Stages", "", "| stage | status | seconds | detail |", "|---|---|---|---|"]
+    lines += ["## Stages", "", "| stage | status | seconds | budget | detail |", "|---|---|---|---|---|"]
     for name, r in results.items():
-        lines.append(f"| {name} | {r['status']} | {r.get('seconds', 0):.0f} | {str(r.get('detail', '')).replace('|', '/')} |")
+        lines.append(f"| {name} | {r['status']} | {r.get('seconds', 0):.0f} | {r.get('budget', '-')} | "
+                     f"{str(r.get('detail', '')).replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -567,12 +773,20 @@ def method_lines(result: dict, name: str) -> list[str]:
     if not rows:
         return []
     f = lambda v, fmt: "-" if v is None else format(v, fmt)
-    lines = [f"## {name}", "", "| method | forward | dtype | speedup | decode | bound | MAT | rows/step | tokens/s | AR tokens/s | "
-             "band (ulps; measured logits) | lossless |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"## {name}", ""]
+    warm = result.get("warmup")
+    if warm:
+        lines += [f"Warm-up before the first method (AR on one question, not counted): {warm['status']} in "
+                  f"{f(warm.get('seconds'), '.0f')} s, AR median step {f(warm.get('ar_step_ms'), '.1f')} ms. "
+                  "Each method's AR step should match the others': one far off was disturbed.", ""]
+    lines += ["| method | forward | dtype | speedup | decode | bound | MAT | rows/step | tokens/s | AR tokens/s | "
+              "step ms | AR step ms | band (ulps; measured logits) | lossless |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['method']} | {r.get('forward_used')} | {r['dtype']} | {f(r['speedup'], '.2f')}x | "
                      f"{f(r['decode_speedup'], '.2f')}x | {f(r['bound'], '.2f')}x | {f(r['mat'], '.2f')} | "
                      f"{f(r['rows_per_step'], '.1f')} | {f(r['tokens_per_s'], '.1f')} | {f(r['ar_tokens_per_s'], '.1f')} | "
+                     f"{f(r.get('step_ms'), '.1f')} | {f(r.get('ar_step_ms'), '.1f')} | "
                      f"{f(r.get('band_ulps'), '.0f')}; {f(r.get('band_measured_logits'), '.2g')} | {r['lossless']} |")
     return lines + [""]
 
@@ -588,7 +802,9 @@ def main(argv=None) -> int:
     one.add_argument("--deadline", type=float, required=True)
     for p in (run, one):
         p.add_argument("--cpu", action="store_true", help="the rehearsal: CPU stand-ins, CUDA-only parts SKIP(cuda)")
-        p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: 64 on a GPU, 16 on the CPU)")
+        p.add_argument("--max-new-tokens", type=int, default=None,
+                       help=f"per turn in the real-model stages (default: {MAX_NEW_TOKENS['gpu']} on a GPU, "
+                            f"{MAX_NEW_TOKENS['cpu']} on the CPU)")
         p.add_argument("--methods", default="", help="comma list (default: every registered method)")
     run.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"))
     run.add_argument("--budget", type=int, default=None,
@@ -602,7 +818,7 @@ def main(argv=None) -> int:
               f"({NODE_DIR}); missing: {', '.join(missing) or 'none'}")
         return 0
     if args.max_new_tokens is None:
-        args.max_new_tokens = 16 if args.cpu else 64
+        args.max_new_tokens = MAX_NEW_TOKENS["cpu" if args.cpu else "gpu"]
     if getattr(args, "budget", 0) is None:
         args.budget = CPU_BUDGET if args.cpu else TOTAL_BUDGET
     if args.command == "_stage":

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,10 +103,159 @@ def test_pytest_counts_and_method_order():
     assert gpu_check.method_order(["ar", "pld", "tr"], ["pld"]) == ["pld"]
 
 
+def test_pytest_verbose_output_is_counted_when_the_run_never_ended():
+    log = ("tests/a.py::test_one PASSED     [ 25%]\ntests/a.py::test_two[torch.float16] SKIPPED (needs a CUDA GPU) [ 50%]\n"
+           "tests/a.py::test_three FAILED  [ 75%]\ntests/b.py::test_four ")
+    assert gpu_check.closing_line(log) is None
+    assert gpu_check.verbose_counts(log) == {"passed": 1, "failed": 1, "skipped": 1, "error": 0}
+    assert gpu_check.last_line(log) == "tests/b.py::test_four"
+    ended = log + "PASSED [100%]\n\n=========== 2 passed, 1 failed, 1 skipped in 3.20s ===========\n"
+    assert gpu_check.pytest_counts(gpu_check.closing_line(ended)) == {"passed": 2, "failed": 1, "skipped": 1, "error": 0}
+
+
+def test_the_last_line_skips_progress_bars_and_library_logging():
+    log = ("gpu_check: real_model_compiled: tr (80 s left)\n"
+           "compiling the compiled forward for a cache of 2048 rows before anything is timed\n"
+           "Loading weights:   0%|          | 0/272 [00:00<?, ?it/s]\rLoading weights: 100%|##| 272/272 [00:00, 25149.37it/s]\n"
+           "/opt/torch/_inductor/compile_fx.py:322: UserWarning: TensorFloat32 tensor cores ... not enabled.\n"
+           "  warnings.warn(\n"
+           "W1126 16:28:25.395000 2572 torch/_inductor/cudagraph_utils.py:207] [__cudagraphs] skipping cudagraphs\n"
+           "W1126 16:28:25.395000 2572 torch/_inductor/cudagraph_utils.py:207] [__cudagraphs] \n\n")
+    assert gpu_check.last_line(log).startswith("compiling the compiled forward for a cache of 2048 rows")
+    assert gpu_check.last_line("\n  \n") is None
+
+
+def test_the_cuda_tests_run_eager_first_and_compile_heavy_last():
+    """A budget cut leaves the eager results: no selection that compiles comes before one that does not."""
+    import ast
+
+    compiles = []
+    for selection in gpu_check.CUDA_TESTS:
+        path, name = selection.split("::")
+        tree = ast.parse((ROOT / path).read_text())
+        fn = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+        assert fn, f"{selection} names no test"
+        compiles.append("compiled=True" in ast.unparse(fn[0]))
+    assert compiles == sorted(compiles) and compiles[0] is False and compiles[-1] is True
+    assert "-v" in gpu_check.pytest_command(gpu_check.CUDA_TESTS, Path("x.xml"))
+
+
+def test_a_stage_its_budget_ends_leaves_its_progress_and_nothing_running(tmp_path):
+    """The stage's process runs pytest (a job writing into the stage's log, as cuda_tests does); the
+    budget ends it during the second test: the log keeps the first test's outcome and the second's
+    node id, the detail names it, and neither the stage nor pytest runs on."""
+    (tmp_path / "test_two.py").write_text(
+        "import os, time\n"
+        "def test_fast():\n    pass\n"
+        "def test_slow():\n"
+        f"    open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(120)\n")
+    stage = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import gpu_check; "
+             "print('gpu_check: cuda_tests: 2 tests, the fast one first'); "
+             f"gpu_check.run_job(gpu_check.pytest_command(['test_two.py'], {str(tmp_path / 'x.xml')!r}), 120, "
+             f"cwd={str(tmp_path)!r})")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    (tmp_path / "work").mkdir()
+    log = tmp_path / "work" / "cuda_tests.log"
+    t0 = time.time()
+    assert gpu_check.run_stage_process([sys.executable, "-c", stage], log, 12, env, cwd=tmp_path)
+    assert time.time() - t0 < 12 + 2
+    text = log.read_text()
+    assert "gpu_check: cuda_tests: 2 tests, the fast one first" in text
+    assert "test_two.py::test_fast PASSED" in text
+    result = gpu_check.stage_result(tmp_path / "work", "cuda_tests", timed_out=True)
+    assert result == {"status": "PARTIAL", "detail": "ran past its budget at: test_two.py::test_slow"}
+    pid = int((tmp_path / "pid").read_text())
+    for _ in range(50):  # killed with its stage; its new parent reaps it
+        stat = Path(f"/proc/{pid}/stat")
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"pytest (pid {pid}) still runs after its stage was killed")
+
+
+def test_a_job_past_its_timeout_is_killed_with_what_it_started(tmp_path):
+    child = f"import os, time; open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    job = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"
+    assert gpu_check.run_job([sys.executable, "-c", job], 3) is None
+    pid = int((tmp_path / "pid").read_text())
+    for _ in range(50):
+        stat = Path(f"/proc/{pid}/stat")
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the job's child runs on")
+
+
 def test_every_stage_has_a_function_and_the_budgets_fit_a_call():
-    assert [s.name for s in gpu_check.STAGES] == list(gpu_check.STAGE_FUNCTIONS)
-    assert sum(s.gpu_budget for s in gpu_check.STAGES) <= 600 + 200  # later stages take what is left
-    assert gpu_check.TOTAL_BUDGET <= 570  # a call runs at most 600 s; the archive and a margin need the rest
+    names = [s.name for s in gpu_check.STAGES]
+    assert names == list(gpu_check.STAGE_FUNCTIONS)
+    # the most valuable first: every method on the real model, then the cost curves, then the CUDA tests
+    assert names[:5] == ["probe", "weights", "real_model", "cost_curves", "cuda_tests"]
+    assert gpu_check.TOTAL_BUDGET <= 570  # a call runs at most 600 s
+    assert sum(s.gpu_budget for s in gpu_check.STAGES) + gpu_check.ARCHIVE_SECONDS + gpu_check.MARGIN_SECONDS \
+        <= gpu_check.TOTAL_BUDGET
+    assert sum(s.cpu_budget for s in gpu_check.STAGES) + gpu_check.ARCHIVE_SECONDS <= gpu_check.CPU_BUDGET
+    # real_model covers all 11 methods: at most ~15 s each at 32 new tokens after a warm-up of at most 90 s
+    assert gpu_check.MAX_NEW_TOKENS["gpu"] <= 32
+    assert gpu_check.STAGES[names.index("real_model")].gpu_budget >= 90 + 11 * 14
+
+
+def test_a_stage_gets_its_budget_and_what_earlier_stages_left_unused():
+    stages = [gpu_check.Stage(n, b, b, "") for n, b in (("a", 100), ("b", 50), ("c", 30))]
+    assert gpu_check.stage_budget(stages, 0, 180, cpu=False) == 100
+    assert gpu_check.stage_budget(stages, 0, 200, cpu=False) == 120  # 20 s more than the three are sure of
+    assert gpu_check.stage_budget(stages, 1, 110, cpu=False) == 80  # 'a' left 30 s unused
+    assert gpu_check.stage_budget(stages, 1, 110, cpu=False, skip={"c"}) == 110
+    assert gpu_check.stage_budget(stages, 2, 60, cpu=False) == 60  # the last takes what is left
+    assert gpu_check.stage_budget(stages, 1, 40, cpu=False) == 40  # never more than is left
+
+
+def test_step_medians_come_from_the_runs_answers(tmp_path):
+    def write(name, times):
+        rows = [{"question_id": i, "turns": [{"step_times": t} for t in turns]} for i, turns in enumerate(times)]
+        (tmp_path / name).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+    write("answers.jsonl", [[[0.010, 0.030]], [[0.020], [0.040, 0.050]]])
+    write("baseline_answers.jsonl", [[[0.056, 0.056, 0.020]]])
+    assert gpu_check.step_medians({"results_dir": str(tmp_path)}) == {"step_ms": 30.0, "ar_step_ms": 56.0}
+    assert gpu_check.step_medians({}) == {"step_ms": None, "ar_step_ms": None}
+
+
+def test_the_method_table_shows_each_methods_step_and_ar_step():
+    row = {"method": "tr", "forward_used": "eager", "dtype": "float16", "speedup": 1.5, "decode_speedup": 1.6,
+           "bound": 2.0, "mat": 2.1, "rows_per_step": 81.0, "tokens_per_s": 70.0, "ar_tokens_per_s": 45.0,
+           "step_ms": 30.0, "ar_step_ms": 20.5, "lossless": "exact", "status": "ok"}
+    lines = gpu_check.method_lines({"rows": [row], "warmup": {"status": "ok", "seconds": 60.0, "ar_step_ms": 21.0}},
+                                   "real_model")
+    text = "\n".join(lines)
+    assert "| step ms | AR step ms |" in text and "| 30.0 | 20.5 |" in text
+    assert "AR median step 21.0 ms" in text
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+@pytest.mark.parametrize("questions", [False, True])
+def test_the_real_model_settings_and_the_warm_up_compose(tmp_path, monkeypatch, cuda, questions):
+    """The methods' settings and the warm-up's (AR on one question) are valid settings."""
+    from hydra import compose, initialize_config_dir
+
+    monkeypatch.setattr(gpu_check, "NODE_DIR", tmp_path)
+    if questions:
+        (tmp_path / "questions").mkdir()
+        (tmp_path / "questions" / "question.jsonl").write_text("")
+    ctx = {"cuda": cuda, "max_new_tokens": 32}
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        for warm_up in (False, True):
+            over = gpu_check.real_model_overrides(ctx, "float16", "eager", tmp_path, warm_up=warm_up)
+            cfg = compose("config", overrides=["method=ar" if warm_up else "method=tr", *over])
+            assert cfg.max_new_tokens == 32
+            if warm_up and questions:
+                assert list(cfg.task.subtasks) == [gpu_check.WARMUP_SUBTASK] and cfg.task.per_subtask == 1
+            elif warm_up:
+                assert cfg.task.limit == 1
+            assert cfg.warmup == (gpu_check.WARMUP_REPEATS if warm_up else 1)
 
 
 # -- the walls a sweep on the node would have hit ----------------------------------------------------
