@@ -75,7 +75,7 @@ class Stage:
 STAGES = [
     Stage("probe", 25, 60, "GPU, versions, carried wheels installed privately"),
     Stage("weights", 15, 30, "the embedded model's GGUF from its parts, sha256 checked"),
-    Stage("real_model", 260, 400, "every method on the embedded model in float16, eager, AR interleaved, every "
+    Stage("real_model", 260, 400, "every method on the embedded model (float16 on a GPU), eager, AR interleaved, every "
                                   "token checked, after a throwaway warm-up"),
     Stage("cost_curves", 75, 90, "t(w) at real shapes with random weights (eager; compiled if time is left), "
                                  "predicted speedups"),
