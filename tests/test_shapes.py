@@ -155,3 +155,24 @@ def test_script_refuses_an_unknown_shape_before_building():
     assert r.returncode == 2 and not r.stdout
     [error] = [line for line in r.stderr.splitlines() if "error:" in line]
     assert "vicuna-8b" in error and all(name in error for name in shapes.SHAPES)
+
+
+def test_replay_traces_prices_each_run_step_by_step_on_another_curve(tmp_path, capsys):
+    import json
+
+    from scripts.replay_traces import main
+
+    run = tmp_path / "m" / "t" / "tr_fused-t0-m8"
+    run.mkdir(parents=True)
+    turn = {"step_rows": [81, 1], "accept_lengths": [3, 1], "token_ids": [0, 0, 0, 0]}
+    (run / "answers.jsonl").write_text(json.dumps({"method": "tr_fused", "turns": [turn]}) + "\n")
+    (run / "summary.json").write_text(json.dumps({"method": "tr_fused", "mat": 2.0, "speedup": {"overall": 1.3},
+                                                  "method_params": {"cost_curve": "flat.json"}}))
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"model": "m", "device": "gpu", "dtype": "float16", "context_len": 400,
+                                 "widths": [1, 81], "times_ms": {"1": 10.0, "81": 15.0}}))
+    assert main([str(curve), "--traces", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    # AR would take 4 plain steps (40 ms) for the 4 tokens; the run took 15 + 10 ms
+    assert "t(1) = 10.00 ms, t(81)/t(1) = 1.50" in out
+    assert "| tr_fused | this curve | 2.00 | 41.0 | 1.60x | 1.30x |" in out

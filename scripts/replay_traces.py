@@ -1,0 +1,78 @@
+"""The GPU view without a GPU: each method's committed step traces (rows verified and tokens accepted
+per step) replayed on another machine's cost curve, beside the speedup the run measured where it ran.
+
+    python scripts/replay_traces.py results/gpu/cost/cost_vicuna-7b_eager.json \
+        [--traces results/cpu-packed,results/cpu-new-baselines,results/cpu-eagle] [--extra results/gpu-view]
+
+A run under --extra (e.g. tr_adaptive / tr_fused choosing their trees from that curve, made with
+`method.cost_curve=<the curve>`) is listed as its own row beside the current traces. Predicted =
+MAT x t(1) / t(rows) step by step (`cost.run_bound`): target forwards only, drafting free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specbench import markdown
+from specbench.speculation.cost import CostCurve, run_bound
+from specbench.speculation.predictions import CURRENT_TRACES, ROOT
+
+
+def trace_runs(folders: list[str]) -> list[Path]:
+    """Greedy run directories (answers and summary) under the folders, AR left out."""
+    runs = []
+    for folder in folders:
+        for answers in sorted((ROOT / folder).glob("**/answers.jsonl")):
+            d = answers.parent
+            if "-t0-" in d.name and not d.name.startswith("ar-") and (d / "summary.json").is_file():
+                runs.append(d)
+    return runs
+
+
+def replay(curve: CostCurve, run: Path) -> dict | None:
+    records = [json.loads(line) for line in (run / "answers.jsonl").read_text().splitlines() if line.strip()]
+    bound = run_bound(curve, records)
+    if bound is None:
+        return None
+    summary = json.loads((run / "summary.json").read_text())
+    speedup = (summary.get("speedup") or {}).get("overall")
+    params = summary.get("method_params") or {}
+    where = run.relative_to(ROOT) if run.is_relative_to(ROOT) else run
+    return {"method": summary["method"], "run": str(where), "mat": summary.get("mat"),
+            "rows": bound["mean_rows"], "predicted": bound["bound"], "measured": speedup,
+            "curve_from": params.get("cost_curve")}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("curve", help="a cost_curve.json (e.g. results/gpu/cost/cost_vicuna-7b_eager.json)")
+    ap.add_argument("--traces", default=",".join(CURRENT_TRACES), help="folders of current runs, comma list")
+    ap.add_argument("--extra", default="", help="more folders, listed beside them")
+    args = ap.parse_args(argv)
+    curve = CostCurve.load(args.curve)
+    folders = [f for f in args.traces.split(",") + args.extra.split(",") if f]
+    rows, seen = [], set()
+    for run in trace_runs(folders):
+        r = replay(curve, run)
+        key = (r or {}).get("method"), (r or {}).get("curve_from")
+        if r is None or key in seen:  # the first folder holding a method (with that curve) wins
+            continue
+        seen.add(key)
+        rows.append(r)
+    rows.sort(key=lambda r: -r["predicted"])
+    c = json.loads(Path(args.curve).read_text())
+    print(f"Replayed on {c['model']}, {c['device']}, {c['dtype']}, {c.get('forward', 'eager')}: "
+          f"t(1) = {1e3 * curve.t(1):.2f} ms, t(81)/t(1) = {curve.t(81) / curve.t(1):.2f}\n")
+    print(markdown.markdown_table(
+        ["method", "trees chosen for", "MAT", "rows/step", "predicted here", "measured where it ran", "run"],
+        [[r["method"], "this curve" if r["curve_from"] else "its own machine's curve", f"{r['mat']:.2f}",
+          f"{r['rows']:.1f}", f"{r['predicted']:.2f}x", "-" if r["measured"] is None else f"{r['measured']:.2f}x",
+          r["run"]] for r in rows], align="llrrrrl"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
