@@ -773,6 +773,7 @@ def method_lines(result: dict, name: str) -> list[str]:
     if not rows:
         return []
     f = lambda v, fmt: "-" if v is None else format(v, fmt)
+    x = lambda v: "-" if v is None else f"{v:.2f}x"
     lines = [f"## {name}", ""]
     warm = result.get("warmup")
     if warm:
@@ -783,8 +784,8 @@ def method_lines(result: dict, name: str) -> list[str]:
               "step ms | AR step ms | band (ulps; measured logits) | lossless |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['method']} | {r.get('forward_used')} | {r['dtype']} | {f(r['speedup'], '.2f')}x | "
-                     f"{f(r['decode_speedup'], '.2f')}x | {f(r['bound'], '.2f')}x | {f(r['mat'], '.2f')} | "
+        lines.append(f"| {r['method']} | {r.get('forward_used')} | {r['dtype']} | {x(r['speedup'])} | "
+                     f"{x(r['decode_speedup'])} | {x(r['bound'])} | {f(r['mat'], '.2f')} | "
                      f"{f(r['rows_per_step'], '.1f')} | {f(r['tokens_per_s'], '.1f')} | {f(r['ar_tokens_per_s'], '.1f')} | "
                      f"{f(r.get('step_ms'), '.1f')} | {f(r.get('ar_step_ms'), '.1f')} | "
                      f"{f(r.get('band_ulps'), '.0f')}; {f(r.get('band_measured_logits'), '.2g')} | {r['lossless']} |")
