@@ -37,15 +37,20 @@ from specbench.run import metrics  # noqa: E402
 SUBTASK_HEADERS = dict(tables.COLUMNS)
 
 
-def _label(df_row) -> str:
-    params = df_row.get("method_params") or "{}"
-    return df_row["method"] if params == "{}" else f"{df_row['method']} {params}"
-
-
 def _labels(df):
-    """Method labels: the name, with parameters only where one method has several variants."""
-    variants = df.groupby("method")["method_params"].nunique()
-    return df.apply(lambda r: r["method"] if variants[r["method"]] == 1 else _label(r), axis=1)
+    """Method labels: the name, with the parameters that differ only where one method has several
+    variants (as the tables name them: 'tr_fused (retrieval=suffix)')."""
+    variants = df.groupby("method")["method_params"].unique()
+
+    def label(r):
+        options = [json.loads(p or "{}") for p in variants[r["method"]]]
+        if len(options) == 1:
+            return r["method"]
+        mine = json.loads(r["method_params"] or "{}")
+        differing = [k for k in sorted(mine) if len({json.dumps(o.get(k)) for o in options}) > 1]
+        return f"{r['method']} (" + ", ".join(f"{k}={mine[k]}" for k in differing) + ")"
+
+    return df.apply(label, axis=1)
 
 
 def _order(methods) -> list:
