@@ -143,7 +143,8 @@ def stage_probe(ctx: dict) -> dict:
     import platform
 
     p = node_paths()
-    env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+           "cpus_usable": len(os.sched_getaffinity(0)), "cgroup_cpu_max": cgroup_cpu().get("cpu_max")}
     wheels = sorted(p["wheels"].glob("*.whl"))
     if wheels:
         done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
@@ -154,7 +155,7 @@ def stage_probe(ctx: dict) -> dict:
     env["wheels"] = [w.name for w in wheels]
     probe = ("import json, torch, transformers, importlib.metadata as m\n"
              "out = {'torch': torch.__version__, 'cuda': torch.version.cuda, 'transformers': transformers.__version__,\n"
-             "       'cuda_available': torch.cuda.is_available()}\n"
+             "       'cuda_available': torch.cuda.is_available(), 'torch_threads': torch.get_num_threads()}\n"
              "for name in ('accelerate', 'safetensors', 'tokenizers', 'numpy', 'hydra-core', 'omegaconf', 'gguf'):\n"
              "    try: out[name] = m.version(name)\n"
              "    except m.PackageNotFoundError: out[name] = None\n"
@@ -169,7 +170,8 @@ def stage_probe(ctx: dict) -> dict:
         return {"status": FAIL, "detail": "probe: " + (done.stderr.strip().splitlines() or ["?"])[-1], "env": env}
     env.update(json.loads(done.stdout.strip().splitlines()[-1]))
     if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.sm,"
+                              "pstate,persistence_mode,power.limit",
                               "--format=csv,noheader"], capture_output=True, text=True)
         env["nvidia_smi"] = smi.stdout.strip()
     from specbench.environment import check_environment
@@ -428,6 +430,90 @@ def step_medians(summary: dict) -> dict:
     return {"step_ms": median_step_ms(d / "answers.jsonl"), "ar_step_ms": median_step_ms(d / "baseline_answers.jsonl")}
 
 
+def cgroup_cpu() -> dict:
+    """The container's CPU quota and throttling so far (cgroup v2, else v1; {} where neither is readable):
+    a launch-bound decode on a node whose quota is below its visible cores is throttled in bursts."""
+    out = {}
+    for v2, v1, key in (("/sys/fs/cgroup/cpu.max", None, "cpu_max"),
+                        ("/sys/fs/cgroup/cpu.stat", "/sys/fs/cgroup/cpu/cpu.stat", "cpu_stat")):
+        for path in (v2, v1):
+            if path and Path(path).is_file():
+                out[key] = Path(path).read_text().strip()
+                break
+    if "cpu_max" not in out and Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").is_file():
+        out["cpu_max"] = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text().strip() + " "
+                          + Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text().strip())
+    if "cpu_stat" in out:  # "nr_throttled 3\nthrottled_usec 12" (v2) or "throttled_time" in ns (v1)
+        stat = dict(line.split() for line in out["cpu_stat"].splitlines() if len(line.split()) == 2)
+        out["nr_throttled"] = int(stat.get("nr_throttled", 0))
+        out["throttled_ms"] = (int(stat["throttled_usec"]) / 1e3 if "throttled_usec" in stat
+                               else int(stat.get("throttled_time", 0)) / 1e6)
+    return out
+
+
+class NodeSampler:
+    """While a real-model stage runs on a GPU: nvidia-smi's SM clock, power state, use and power every
+    250 ms into `<stage>_gpu_samples.csv`, and the container's CPU throttling before and after. Slow
+    steps that meet a clock drop, or a throttled CPU, then show in what comes back (issue 49: whole
+    turns ran at 60-80 ms a step instead of 20, AR's too)."""
+
+    QUERY = "timestamp,clocks.sm,clocks.mem,pstate,utilization.gpu,power.draw,temperature.gpu"
+
+    def __init__(self, work: Path, name: str):
+        self.path, self.proc, self.before = work / f"{name}_gpu_samples.csv", None, cgroup_cpu()
+        if shutil.which("nvidia-smi"):
+            self.file = self.path.open("w")
+            self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,nounits",
+                                          "-lms", "250"], stdout=self.file, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> dict:
+        """What the samples say: SM clock min / median / max (MHz), power states seen, throttling."""
+        import statistics
+
+        out = {}
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=5)
+            self.file.close()
+            rows = [r.split(", ") for r in self.path.read_text().splitlines()[1:] if r.count(",") >= 6]
+            clocks = [float(r[1]) for r in rows if r[1].strip().replace(".", "").isdigit()]
+            if clocks:
+                out.update(samples=len(rows), sm_mhz_min=min(clocks), sm_mhz_median=statistics.median(clocks),
+                           sm_mhz_max=max(clocks), pstates=sorted({r[3].strip() for r in rows}))
+        after = cgroup_cpu()
+        out["cpu_max"] = after.get("cpu_max")
+        if "nr_throttled" in after and "nr_throttled" in self.before:
+            out["cpu_throttled_periods"] = after["nr_throttled"] - self.before["nr_throttled"]
+            out["cpu_throttled_ms"] = round(after["throttled_ms"] - self.before["throttled_ms"], 1)
+        return out
+
+
+def turn_timeline(summary: dict) -> list[str]:
+    """Each turn's median step (ms) in the order the run decoded them, AR's ('a') and the method's ('m')
+    interleaved: a slow stretch shows whether it follows the method, AR or the clock."""
+    import statistics
+
+    d = Path(summary.get("results_dir") or "/nonexistent")
+    first = ((summary.get("order") or {}).get("first") or {})
+
+    def turns(path: Path) -> dict:
+        out = {}
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                r = json.loads(line)
+                out[str(r["question_id"])] = [statistics.median(t["step_times"]) * 1e3
+                                              for t in r["turns"] if t.get("step_times")]
+        return out
+
+    method, ar = turns(d / "answers.jsonl"), turns(d / "baseline_answers.jsonl")
+    line = []
+    for q, times in method.items():
+        pair = [("m", times), ("a", ar.get(q, []))]
+        for who, ts in (pair if first.get(q) == "method" else pair[::-1]):
+            line += [f"{who}{t:.0f}" for t in ts]
+    return line
+
+
 def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[str]) -> dict:
     """Each method through the runner in this process (the model loads once), AR interleaved, after a
     throwaway AR run (loading, converting, the rounding band, the cost curve, the GPU's and allocator's
@@ -441,6 +527,7 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
 
     root = ctx["work"] / "runs" / name
     rows, last, warm = [], 0.0, {"status": "not run"}
+    sampler = NodeSampler(ctx["work"], name) if ctx["cuda"] else None
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         start = time.time()
         print(f"gpu_check: {name}: warm-up (AR on one question, not counted)", flush=True)
@@ -469,7 +556,7 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
                 cfg = compose("config", overrides=[f"method={m}", *real_model_overrides(ctx, dtype, forward, root)])
                 summary = run_benchmark(OmegaConf.to_container(cfg, resolve=True))
                 code = main_exit_code(summary, OmegaConf.to_container(cfg, resolve=True))
-                row.update(summary_row(summary), **step_medians(summary),
+                row.update(summary_row(summary), **step_medians(summary), turns=turn_timeline(summary),
                            status="ok" if code == 0 else "lossless check failed")
             except SpecbenchError as e:
                 row.update(status=f"error: {e}")
@@ -481,11 +568,12 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
             took = time.time() - start
             # the first method's time is a guide only when the warm-up paid for loading
             last = took if rows or warm["status"] == "ok" else 0.0
-            row["seconds"] = round(took, 1)
+            row["seconds"], row["started"] = round(took, 1), round(start, 1)
             rows.append(row)
             print(f"  {name}: {m} {row['status']} in {took:.0f} s (median step {row.get('step_ms')} ms, "
                   f"AR {row.get('ar_step_ms')} ms)", flush=True)
             (ctx["work"] / f"{name}.json").write_text(json.dumps(rows, indent=1))  # kept if the budget ends it
+    node = sampler.stop() if sampler else {}
     bad = [r for r in rows if r["status"] not in ("ok", "SKIP(time)")]
     skipped = [r["method"] for r in rows if r["status"] == "SKIP(time)"]
     status = FAIL if bad else (PARTIAL if skipped else PASS)
@@ -496,7 +584,7 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
         detail += f"; no time for {', '.join(skipped)}"
     if warm["status"] != "ok":
         detail += f"; warm-up: {warm['status']}"
-    return {"status": status, "detail": detail, "rows": rows, "warmup": warm}
+    return {"status": status, "detail": detail, "rows": rows, "warmup": warm, "node": node}
 
 
 def summary_row(s: dict) -> dict:
@@ -789,6 +877,11 @@ def method_lines(result: dict, name: str) -> list[str]:
                      f"{f(r['rows_per_step'], '.1f')} | {f(r['tokens_per_s'], '.1f')} | {f(r['ar_tokens_per_s'], '.1f')} | "
                      f"{f(r.get('step_ms'), '.1f')} | {f(r.get('ar_step_ms'), '.1f')} | "
                      f"{f(r.get('band_ulps'), '.0f')}; {f(r.get('band_measured_logits'), '.2g')} | {r['lossless']} |")
+    lines += ["", "Each turn's median step (ms) in the order decoded (a: AR, m: the method):", ""]
+    lines += [f"- {r['method']}: {' '.join(r['turns'])}" for r in rows if r.get("turns")]
+    node = result.get("node")
+    if node:
+        lines += ["", "The node while it ran: " + ", ".join(f"{k} {v}" for k, v in node.items()) + "."]
     return lines + [""]
 
 

@@ -289,3 +289,35 @@ def test_a_compiled_profile_that_fell_back_writes_no_curve(real_model, tmp_path,
                               "--out", str(out), "--no-cache"])
     assert code == 2 and not out.exists()
     assert "error: --compile was asked for but the compiled forward could not run here" in capsys.readouterr().err
+
+
+def test_turn_timeline_lists_each_turns_median_step_in_the_order_decoded(tmp_path):
+    def answers(name, qid, turns):
+        with (tmp_path / name).open("a") as f:
+            f.write(json.dumps({"question_id": qid, "turns": [{"step_times": t} for t in turns]}) + "\n")
+
+    answers("answers.jsonl", 1, [[0.020, 0.030, 0.025], [0.080]])
+    answers("baseline_answers.jsonl", 1, [[0.019], [0.058]])
+    answers("answers.jsonl", 2, [[0.023]])
+    answers("baseline_answers.jsonl", 2, [[0.064]])
+    summary = {"results_dir": str(tmp_path), "order": {"first": {"1": "ar", "2": "method"}}}
+    assert gpu_check.turn_timeline(summary) == ["a19", "a58", "m25", "m80", "m23", "a64"]
+
+
+def test_node_sampler_summarises_the_gpu_clocks_it_sampled(tmp_path, monkeypatch):
+    # a stand-in nvidia-smi: csv header, then three samples, the second at a dropped clock
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], pstate, "
+                   "utilization.gpu [%], power.draw [W], temperature.gpu'\n"
+                   "echo '2026/11/26 16:38:00.000, 1980, 2619, P0, 40, 150.0, 40'\n"
+                   "echo '2026/11/26 16:38:00.250, 345, 2619, P2, 5, 70.0, 40'\n"
+                   "echo '2026/11/26 16:38:00.500, 1980, 2619, P0, 45, 155.0, 41'\nsleep 30\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    sampler = gpu_check.NodeSampler(tmp_path, "real_model")
+    time.sleep(1.0)
+    node = sampler.stop()
+    assert (node["samples"], node["sm_mhz_min"], node["sm_mhz_median"], node["sm_mhz_max"]) == (3, 345, 1980, 1980)
+    assert node["pstates"] == ["P0", "P2"] and (tmp_path / "real_model_gpu_samples.csv").is_file()
