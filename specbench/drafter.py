@@ -1,7 +1,12 @@
 """The one interface every method implements, and the records that cross it.
 
-The engine calls `propose` before each verification forward and `observe` after it. A drafter
-never touches the model or the KV cache; the engine never knows which drafter it runs.
+The engine calls `propose` before each verification forward and `observe` after it; the runner calls
+`start_question` between questions and `reset` after warm-up. That is the whole protocol. What only
+some methods need is a capability they opt into by also deriving from it, and the engines ask
+`isinstance`: `ReadsHiddenStates` (Medusa, EAGLE), `ReadsPromptLogits` (TR's prefill update),
+`LearnsAcrossRequests` (TR's matrix under batching), `OverridesTargets` (Medusa's lossy typical
+acceptance). A drafter never touches the model or the KV cache; the engine never knows which
+drafter it runs.
 """
 
 from __future__ import annotations
@@ -53,15 +58,15 @@ class Drafter:
     the two (an unknown keyword is a TypeError, never silently dropped)."""
 
     name = "base"
-    lossless = True
-    needs_hidden_states = False
-    needs_prompt_logits = False  # True: the engine passes every prompt row's logits to observe_prompt
+    lossless = True  # False: tokens the target would not choose may be emitted (see OverridesTargets)
     Settings: ClassVar[type] = NoSettings
 
     def __init__(self, target: Target | None = None, settings=None, **values):
         facts = {k: values.pop(k) for k in list(values) if k in TARGET_FACTS}
         self.target = target if target is not None else Target(**facts)
         self.settings = settings if settings is not None else self.Settings(**values)
+
+    # -- settings, checked before any model loads (the registry and the run's identity use these) -----
 
     @classmethod
     def parameters(cls) -> dict:
@@ -97,6 +102,15 @@ class Drafter:
                 raise SettingsError(f"method.{key} must be {kind} (default {accepted[key]}), got {value!r}")
         return {**accepted, **params}
 
+    # -- the protocol ------------------------------------------------------------------------------
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        """Return a draft for this step, or None for a plain autoregressive step."""
+        return None
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """See the verification's results (logits at every row, accepted nodes)."""
+
     def start_question(self) -> None:
         """Called before each question; reset per-question state here."""
 
@@ -106,44 +120,72 @@ class Drafter:
         reaches a measured question. A drafter with state beyond the question overrides it."""
         self.start_question()
 
-    def share_learned_state(self, other: "Drafter") -> None:
-        """Batched decoding: learn into, and draft from, `other`'s state that spans requests (TR's
-        matrix), keeping what belongs to one request (a context, a window) apart. Default: nothing is
-        shared."""
-
-    def propose(self, state: DecodeState) -> Draft | None:
-        """Return a draft for this step, or None for a plain autoregressive step."""
-        return None
-
-    def observe_prefill(self, hidden: torch.Tensor) -> None:
-        """With needs_hidden_states: the last layer's hidden states at every prompt row (rows, hidden;
-        the last row chose the first token). Work done on them belongs in the first `propose`, which
-        the turn's time includes."""
-
-    def observe_prompt(self, prompt: torch.Tensor, logits: torch.Tensor) -> None:
-        """With needs_prompt_logits: the prompt's tokens (CPU) and the target's logits at every
-        prompt row (rows, vocab; on the model's device), computed inside the timed prefill."""
-
     def take_statistics(self) -> dict | None:
         """What the drafter counted since the last call (counts and lists of counts, summable
-        across questions with benchmark.metrics.sum_statistics), then forget it. The runner stores
-        it with each question's answers; None: the method counts nothing."""
+        across questions with run.metrics.sum_statistics), then forget it. The runner stores it
+        with each question's answers; None: the method counts nothing."""
         return None
 
-    def observe(self, outcome: StepOutcome) -> None:
-        """See the verification's results (logits at every row, accepted nodes)."""
+
+# -- capabilities: a method derives from the ones it needs --------------------------------------------
+
+class ReadsHiddenStates:
+    """The target's last-layer hidden states: at every prompt row (observe_prefill) and at every
+    verified row (StepOutcome.hidden_states)."""
+
+    def observe_prefill(self, hidden: torch.Tensor) -> None:
+        """The last layer's hidden states at every prompt row (rows, hidden; the last row chose the
+        first token). Work done on them belongs in the first `propose`, which the turn's time
+        includes."""
+
+
+class ReadsPromptLogits:
+    """The target's logits at every prompt row, computed inside the timed prefill."""
+
+    reads_prompt_logits = True  # an instance whose settings do not use them turns this off
+
+    def observe_prompt(self, prompt: torch.Tensor, logits: torch.Tensor) -> None:
+        """The prompt's tokens (CPU) and the target's logits at every prompt row (rows, vocab; on the
+        model's device)."""
+
+
+class LearnsAcrossRequests:
+    """State that spans requests (TR's matrix), shared by every drafter of a batched run."""
+
+    def share_learned_state(self, other: "Drafter") -> None:
+        """Learn into, and draft from, `other`'s state that spans requests, keeping what belongs to
+        one request (a context, a window) apart."""
 
     @classmethod
     def observe_batch(cls, drafters: list["Drafter"], outcomes: list[StepOutcome]) -> None:
-        """Batched decoding: one step's outcomes, `outcomes[i]` for `drafters[i]` (each request's
-        drafter, all of this class), in request order. By default each observes its own; a method
-        whose learning is small tensor work per step on state the requests share (TR's matrix) does
-        it once for the batch, and must leave that state as if they had observed in turn."""
-        for drafter, outcome in zip(drafters, outcomes):
+        """One step's outcomes, `outcomes[i]` for `drafters[i]` (each request's drafter, all of this
+        class), in request order. A method whose learning is small tensor work on the shared state
+        does it once for the batch, and must leave that state as if they had observed in turn."""
+        for drafter, outcome in zip(drafters, outcomes, strict=True):
             drafter.observe(outcome)
 
+
+class OverridesTargets:
+    """Lossy acceptance (the drafter sets `lossless = False`): the target's token at each tree row
+    may be replaced before the path is accepted, e.g. Medusa's typical acceptance."""
+
     def override_targets(self, draft: Draft, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Lossy methods only (they set `lossless = False`): replace the target's token at each tree
-        row (root first) before the path is accepted, e.g. Medusa's typical acceptance. A lossless
-        drafter never overrides this."""
+        """targets: (rows,) the target's tokens, root first; returns the ones to accept against."""
         return targets
+
+
+def reads_hidden_states(drafter) -> bool:
+    return isinstance(drafter, ReadsHiddenStates)
+
+
+def reads_prompt_logits(drafter) -> bool:
+    return isinstance(drafter, ReadsPromptLogits) and drafter.reads_prompt_logits
+
+
+def observe_batch(drafters: list, outcomes: list[StepOutcome]) -> None:
+    """One step's outcomes to drafters of one class: at once where the method learns across requests."""
+    if isinstance(drafters[0], LearnsAcrossRequests):
+        type(drafters[0]).observe_batch(drafters, outcomes)
+    else:
+        for drafter, outcome in zip(drafters, outcomes, strict=True):
+            drafter.observe(outcome)

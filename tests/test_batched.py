@@ -8,6 +8,7 @@ import torch
 
 from specbench.decoding.batched import BatchedEngine, Request
 from specbench.decoding.engine import Engine
+from specbench.drafter import ReadsHiddenStates
 from specbench.methods.pld import PromptLookup
 from specbench.registry import build_drafter
 from tests.conftest import position_sampler
@@ -78,10 +79,8 @@ def test_sliding_window_model(tiny_gemma):
     assert [r.tokens for r in out.records] == [r.tokens for r in refs]
 
 
-class _Spy(PromptLookup):
+class _Spy(PromptLookup, ReadsHiddenStates):
     """PLD that asks for hidden states and keeps what every step showed it."""
-
-    needs_hidden_states = True
 
     def __init__(self):
         super().__init__(vocab_size=V)

@@ -14,6 +14,7 @@ from torch import nn
 from specbench.methods.ar import Autoregressive
 from specbench.methods.medusa.drafter import Medusa
 from specbench.draft import DecodeState, Draft, StepOutcome
+from specbench.drafter import reads_hidden_states
 from specbench.decoding.engine import Engine
 from specbench.methods.medusa.heads import (DEFAULT_HEADS, MedusaHeads, MedusaHeadsError, ResBlock, load_choices, load_heads, resolve_heads_dir, save_heads, tree_from_choices)
 from specbench.registry import build_drafter
@@ -143,7 +144,7 @@ def test_drafts_come_from_the_hidden_state_of_the_last_accepted_row(tiny_llama, 
     choices = [[0], [1], [0, 0], [0, 2], [1, 0], [0, 0, 1]]
     drafter = build_drafter("medusa", vocab_size=97, model=tiny_llama, model_name="tiny",
                             heads=str(tiny_heads_dir), choices=choices, device="cpu", dtype_name="float32")
-    assert drafter.lossless and drafter.needs_hidden_states
+    assert drafter.lossless and reads_hidden_states(drafter)
     h = torch.randn(5, 32)
     drafter.observe_prefill(h)
     draft = drafter.propose(DecodeState(tokens=torch.tensor([1, 2]), prompt_len=2, step=0))

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from specbench.main import main_exit_code, run_benchmark
 from specbench.run.serving_metrics import poisson_arrivals, serving_figures
 from specbench.decoding.batched import BatchResult, BatchStep, DrafterPool, RequestRecord
-from specbench.drafter import Drafter
+from specbench.drafter import Drafter, LearnsAcrossRequests
 from tests.test_config import CONF
 
 
@@ -42,7 +42,7 @@ def test_serving_figures_from_a_batch_result():
 def test_a_drafter_pool_reuses_finished_drafters_and_shares_learned_state():
     built = []
 
-    class Counting(Drafter):
+    class Counting(Drafter, LearnsAcrossRequests):
         name = "counting"
 
         def __init__(self):

@@ -3,6 +3,7 @@ import torch
 
 from specbench.methods.tr.base import TokenRecycling
 from specbench.draft import DecodeState, StepOutcome
+from specbench.drafter import reads_prompt_logits
 
 
 def test_expansion_follows_matrix_ranks():
@@ -84,14 +85,14 @@ def test_update_accepted_writes_only_the_accepted_path():
 
 def test_prefill_update_writes_a_row_per_prompt_token_last_occurrence_wins():
     tr = TokenRecycling(vocab_size=10, k=2, tree=[[1]], prefill_update=True)
-    assert tr.needs_prompt_logits
+    assert reads_prompt_logits(tr)
     logits = torch.zeros(3, 10)
     logits[0, [1, 2]] = torch.tensor([2.0, 1.0])
     logits[1, [3, 4]] = torch.tensor([2.0, 1.0])
     logits[2, [5, 6]] = torch.tensor([2.0, 1.0])
     tr.observe_prompt(torch.tensor([7, 8, 7]), logits)
     assert tr.matrix[7].tolist() == [5, 6] and tr.matrix[8].tolist() == [3, 4]
-    assert TokenRecycling(vocab_size=10, k=2, tree=[[1]]).needs_prompt_logits is False
+    assert not reads_prompt_logits(TokenRecycling(vocab_size=10, k=2, tree=[[1]]))
     with pytest.raises(ValueError, match="method.update must be one of all_rows, accepted"):
         TokenRecycling(vocab_size=10, update="sometimes")
 

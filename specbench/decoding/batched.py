@@ -33,7 +33,7 @@ from specbench.decoding.step import (ModelFacts, TreeTensorCache, check_context,
                                      verify_piece)
 from specbench.decoding.transfers import to_device
 from specbench.draft import Draft, StepOutcome
-from specbench.drafter import Drafter
+from specbench.drafter import Drafter, LearnsAcrossRequests, observe_batch, reads_hidden_states
 from specbench.timing import now
 
 
@@ -61,7 +61,7 @@ class DrafterPool:
             d.start_question()
             return d
         d = self.build()
-        if self.built:
+        if self.built and isinstance(d, LearnsAcrossRequests):
             d.share_learned_state(self.built[0])
         self.built.append(d)
         return d
@@ -275,7 +275,7 @@ class BatchedEngine:
                 vis[b, n:e, :e] = to_device(draft.extra_visibility, dev)
         lens_d = to_device(lens, dev, torch.long)
         pos = lens_d[:, None] + depths
-        want_hidden = any(s.drafter.needs_hidden_states for s in slots)
+        want_hidden = any(reads_hidden_states(s.drafter) for s in slots)
         out = self.model(input_ids=ids, position_ids=pos, **with_cache(self.model, self.cache), use_cache=True,
                          attention_mask=self._mask(lens_d, pos, vis, L), output_hidden_states=want_hidden)
 
@@ -301,14 +301,14 @@ class BatchedEngine:
             s.record.decoding_steps += 1
             if self.policy is not None:
                 self.policy.observe(s.key, draft, accepted, emitted)
-            hidden = out.hidden_states[-1][b, : n_rows[b]] if s.drafter.needs_hidden_states else None
+            hidden = out.hidden_states[-1][b, : n_rows[b]] if reads_hidden_states(s.drafter) else None
             outcomes.append(StepOutcome(draft=draft, root=roots[b], logits=out.logits[b, : n_rows[b]],
                                         accepted=accepted, bonus=bonus, hidden_states=hidden, emitted=emitted))
         by_method: dict[type, list[int]] = {}  # each method learns from its requests' outcomes at once
         for b, s in enumerate(slots):
             by_method.setdefault(type(s.drafter), []).append(b)
         for method, members in by_method.items():
-            method.observe_batch([slots[b].drafter for b in members], [outcomes[b] for b in members])
+            observe_batch([slots[b].drafter for b in members], [outcomes[b] for b in members])
         # perf_counter without a sync: the .tolist() above has waited for the forward already
         return BatchStep(rows=B * R, real_rows=sum(n_rows), active=B, time=time.perf_counter() - t_start, context=L)
 

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from specbench.draft import Draft, DraftTree, StepOutcome
-from specbench.drafter import Drafter
+from specbench.drafter import Drafter, reads_hidden_states
 from specbench.decoding.kv_cache import compact_kv_cache, with_cache
 from specbench.decoding.masks import tree_attention_mask
 from specbench.decoding.step import (ModelFacts, TreeTensorCache, check_context, cut_at_stop, greedy_targets,
@@ -172,7 +172,7 @@ class Engine:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         check_context(self.context_length, max_new_tokens, self.model, len(prompt_ids))
         dev = self.device
-        want_hidden = drafter.needs_hidden_states
+        want_hidden = reads_hidden_states(drafter)
         buf = token_buffer(prompt_ids, max_new_tokens)
         cur = len(prompt_ids)
 

@@ -18,7 +18,7 @@ import torch
 from specbench.decoding.kv_cache import with_cache
 from specbench.decoding.verify import TreeTensors, accepted_path
 from specbench.draft import DecodeState, Draft, DraftTree
-from specbench.drafter import Drafter
+from specbench.drafter import Drafter, OverridesTargets, reads_hidden_states, reads_prompt_logits
 from specbench.errors import InputError
 from specbench.numerics import NonFiniteError, non_finite_message
 
@@ -112,9 +112,9 @@ def prefill(model, prompt: torch.Tensor, cache, select: Callable, drafter: Draft
     the output head, so the last row, which chose the first token, stays exactly the one plain
     decoding computes (logits_to_keep=1)."""
     n = prompt.shape[0]
-    want_prompt = drafter.needs_prompt_logits
+    want_prompt = reads_prompt_logits(drafter)
     out = model(input_ids=prompt[None].to(device), **with_cache(model, cache), use_cache=True,
-                logits_to_keep=1, output_hidden_states=drafter.needs_hidden_states or want_prompt)
+                logits_to_keep=1, output_hidden_states=reads_hidden_states(drafter) or want_prompt)
     first = first_token(select(out.logits[0, -1:], torch.full((1,), n - 1)), out.logits[0, -1], model, prompt)
     if want_prompt:
         head = model.get_output_embeddings()
@@ -126,7 +126,7 @@ def observe_prefill(drafter: Drafter, out) -> None:
     """The prompt's last-layer hidden states, (n, hidden), to a drafter that wants them. Apart from
     prefill() because the engines time it differently: Engine's prefill time leaves it to the first
     step, the batched engine's first-token time holds it."""
-    if drafter.needs_hidden_states:
+    if reads_hidden_states(drafter):
         drafter.observe_prefill(out.hidden_states[-1][0])
 
 
@@ -160,7 +160,7 @@ def verify_piece(tree_tensors: Callable[[DraftTree], TreeTensors], logits: torch
     size = draft.tree.size
     # host positions: a sampler keys its noise by them without reading anything from the device
     targets = torch.as_tensor(select(logits[:size], base_position + draft.tree.depths), device=device)
-    if not drafter.lossless:
+    if not drafter.lossless and isinstance(drafter, OverridesTargets):
         targets = drafter.override_targets(draft, logits[:size], targets)
     path = accepted_path(tree_tensors(draft.tree), rows[1:size], targets)
     return torch.cat([path, targets[path]])

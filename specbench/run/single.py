@@ -72,7 +72,7 @@ def reserve_compiled_cache(engine: Engine, drafters: list, tokenizer, questions:
     if engine.compiled is None or not questions:
         return
     longest = longest_prompt_bound(tokenizer, questions, template, max_new)
-    for hidden in sorted({bool(d.needs_hidden_states) for d in drafters}):
+    for hidden in sorted({reads_hidden_states(d) for d in drafters}):
         engine.new_cache(longest, max_new, hidden, reserve=True)
 
 

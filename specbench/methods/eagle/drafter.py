@@ -18,7 +18,7 @@ import torch
 
 from specbench.decoding.transfers import to_device
 from specbench.draft import DraftTree, DecodeState, Draft, StepOutcome
-from specbench.drafter import Drafter
+from specbench.drafter import Drafter, ReadsHiddenStates
 from specbench.errors import SettingsError
 from specbench.methods.eagle.head import EagleHeadError, HeadCache, check_head_dir, load_head, resolve_head_dir
 from specbench.methods.medusa.heads import load_choices, tree_from_choices
@@ -87,8 +87,7 @@ def static_levels(choices, device) -> list[_StaticLevel]:
 
 
 @register("eagle")
-class Eagle(Drafter):
-    needs_hidden_states = True
+class Eagle(Drafter, ReadsHiddenStates):
     Settings = EagleSettings
 
     def __init__(self, target=None, settings: EagleSettings | None = None, **values):

@@ -19,7 +19,7 @@ import torch
 from specbench.decoding.transfers import to_device
 from specbench.decoding.verify import TreeTensors
 from specbench.draft import DecodeState, Draft, StepOutcome
-from specbench.drafter import Drafter
+from specbench.drafter import Drafter, OverridesTargets, ReadsHiddenStates
 from specbench.methods.medusa.heads import (MedusaHeadsError, check_heads_dir, load_choices, load_heads, resolve_heads_dir, tree_from_choices)
 from specbench.registry import register
 
@@ -43,8 +43,7 @@ class MedusaSettings:
 
 
 @register("medusa")
-class Medusa(Drafter):
-    needs_hidden_states = True
+class Medusa(Drafter, ReadsHiddenStates, OverridesTargets):
     Settings = MedusaSettings
 
     def __init__(self, target=None, settings: MedusaSettings | None = None, **values):

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from specbench.draft import DecodeState, Draft, StepOutcome
-from specbench.drafter import Drafter
+from specbench.drafter import Drafter, LearnsAcrossRequests, ReadsPromptLogits
 from specbench.errors import MissingFileError, SettingsError
 from specbench.registry import register
 from specbench.decoding.transfers import to_device
@@ -105,7 +105,7 @@ class TRSettings:
 
 
 @register("tr")
-class TokenRecycling(Drafter):
+class TokenRecycling(Drafter, ReadsPromptLogits, LearnsAcrossRequests):
     Settings = TRSettings
 
     def __init__(self, target=None, settings: TRSettings | None = None, **values):
@@ -117,7 +117,7 @@ class TokenRecycling(Drafter):
         self.k = k
         self.cold_start = cold_start
         self.update = update
-        self.needs_prompt_logits = bool(prefill_update)
+        self.reads_prompt_logits = bool(prefill_update)
         self.tree = template_tree(tree, k)
         ranks = self.tree.sibling_rank()
         self.device = torch.device(device)
