@@ -15,7 +15,6 @@ everything (`gpu_check.py run`), which assembles the GGUF and checks it against 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,8 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from specbench.inputs.models import file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,14 +43,6 @@ def travelling_files(root: Path = ROOT) -> list[Path]:
 
 def tree_bytes(root: Path = ROOT) -> int:
     return sum(f.stat().st_size for f in travelling_files(root))
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def fetch_wheels(target: Path) -> list[Path]:
@@ -107,7 +100,7 @@ def pack(out: Path, model: str, questions: Path | None, limit: int = CALL_LIMIT)
     staging = out / "cache"
     wheels = fetch_wheels(staging / "wheels")
     gguf, cfg = embedded_gguf(model)
-    whole = sha256(gguf)
+    whole = file_sha256(gguf)
     if cfg["gguf"].get("sha256") and cfg["gguf"]["sha256"] != whole:
         raise SystemExit(f"error: {gguf} does not match the sha256 in conf/model/{model}.yaml")
     extra = [questions, questions.with_name("LICENSE"), questions.with_name("NOTICE.md")] if questions else []
@@ -123,7 +116,7 @@ def pack(out: Path, model: str, questions: Path | None, limit: int = CALL_LIMIT)
             name = f"{gguf.name}.part{i}"
             with (call / "parts" / name).open("wb") as dst:
                 dst.write(src.read(size))
-            parts.append({"name": name, "offset": offset, "size": size, "sha256": sha256(call / "parts" / name),
+            parts.append({"name": name, "offset": offset, "size": size, "sha256": file_sha256(call / "parts" / name),
                           "call": i})
             offset += size
             if i == 1:

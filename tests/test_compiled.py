@@ -207,7 +207,7 @@ def test_one_capacity_reserved_for_every_turn_of_the_run(tiny_llama):
     # b's turn 2 holds both user turns (610 words) and turn 1's answer (at most 8 tokens + 16 of template)
     assert longest_prompt_bound(_WordTokenizer(), qs, "plain", max_new=8) == 610 + 24
     engine = Engine(tiny_llama, eos_token_ids=[], compiled=True)
-    reserve_compiled_cache(engine, [Autoregressive()], _WordTokenizer(), qs, "plain", max_new=8)
+    reserve_compiled_cache(engine, [Autoregressive], _WordTokenizer(), qs, "plain", max_new=8)
     kept = set(engine.compiled._caches)
     assert len(kept) == 1
     for n in (3, 400, 634):  # short and long turns alike take the reserved capacity (unreserved: 512, then 1024)

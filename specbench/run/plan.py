@@ -15,7 +15,7 @@ import torch
 from specbench.decoding.forward_choice import choose_forward
 from specbench.config import NO_CURVE, RunPlan
 from specbench.errors import SettingsError
-from specbench.inputs.models import resolve_device, resolve_dtype, run_dtype
+from specbench.inputs.models import file_sha256, resolve_device, resolve_dtype, run_dtype
 from specbench.registry import drafter_class
 from specbench.run.host_memory import apply_host_memory
 from specbench.run import schemas as _schemas  # noqa: F401  (the settings' Hydra schemas, for whoever composes them)
@@ -78,11 +78,11 @@ def code_version() -> str:
     return _CODE_VERSION
 
 
-def file_sha256(path) -> str | None:
+def task_sha256(path) -> str | None:
     """The question file's contents' sha256 (None for a built-in task, or a file that is not there)."""
     if not path or not Path(path).is_file():
         return None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return file_sha256(Path(path))
 
 
 def identity(cfg: dict) -> dict:
@@ -101,7 +101,7 @@ def identity(cfg: dict) -> dict:
         **({"forward": cfg["forward"]} if cfg.get("forward", "eager") != "eager" else {}),
         # the code, the questions' contents, whether answers were checked and the machine's thread count:
         # a resume never mixes answers of another code, question file, check setting or thread count
-        "code_version": code_version(), "task_sha256": file_sha256(cfg["task"].get("path")),
+        "code_version": code_version(), "task_sha256": task_sha256(cfg["task"].get("path")),
         "lossless_check": bool((cfg.get("lossless") or {}).get("check", True)),
         "threads": torch.get_num_threads(),
     }

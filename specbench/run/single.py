@@ -18,6 +18,7 @@ import torch
 from specbench.decoding.engine import Engine
 from specbench.decoding.sampling import PositionSampler
 from specbench.config import RunPlan
+from specbench.drafter import ReadsHiddenStates
 from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.markdown import markdown_table
 from specbench.inputs.models import resolve_dtype
@@ -62,7 +63,7 @@ def check_questions_fit(tokenizer, questions: list[Question], template: str, max
     check_prompts_fit(first, max_new, context_length, model_name)
 
 
-def reserve_compiled_cache(engine: Engine, drafters: list, tokenizer, questions: list[Question],
+def reserve_compiled_cache(engine: Engine, methods: list[type], tokenizer, questions: list[Question],
                            template: str, max_new: int) -> None:
     """Compile (CUDA: record), before anything is timed, the one cache capacity every turn of the run
     fits in. A new capacity met mid-run means minutes of compiling (outside the clock, but inside the
@@ -72,7 +73,7 @@ def reserve_compiled_cache(engine: Engine, drafters: list, tokenizer, questions:
     if engine.compiled is None or not questions:
         return
     longest = longest_prompt_bound(tokenizer, questions, template, max_new)
-    for hidden in sorted({reads_hidden_states(d) for d in drafters}):
+    for hidden in sorted({issubclass(m, ReadsHiddenStates) for m in methods}):
         engine.new_cache(longest, max_new, hidden, reserve=True)
 
 
