@@ -407,21 +407,24 @@ def real_model_overrides(ctx: dict, dtype: str, forward: str, root: Path, warm_u
     return over
 
 
-def median_step_ms(path: Path) -> float | None:
-    """The median of every decoding step's time, in ms, over a run's answers.jsonl or
-    baseline_answers.jsonl (each turn's step_times)."""
-    import statistics
-
-    if not path.is_file():
-        return None
-    times = []
-    for line in path.read_text().splitlines():
+def answer_records(path: Path) -> list[dict]:
+    """A run's answers.jsonl or baseline_answers.jsonl, a torn line (a run killed by its budget) left
+    out; [] when there is none."""
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
         try:
-            record = json.loads(line)
+            records.append(json.loads(line))
         except ValueError:
             continue
-        for turn in record.get("turns", []):
-            times += turn.get("step_times") or []
+    return records
+
+
+def median_step_ms(path: Path) -> float | None:
+    """The median of every decoding step's time, in ms, over a run's answers (each turn's
+    step_times)."""
+    import statistics
+
+    times = [t for r in answer_records(path) for turn in r.get("turns", []) for t in turn.get("step_times") or []]
     return round(statistics.median(times) * 1e3, 2) if times else None
 
 
@@ -499,13 +502,8 @@ def turn_timeline(summary: dict) -> list[str]:
     first = ((summary.get("order") or {}).get("first") or {})
 
     def turns(path: Path) -> dict:
-        out = {}
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                r = json.loads(line)
-                out[str(r["question_id"])] = [statistics.median(t["step_times"]) * 1e3
-                                              for t in r["turns"] if t.get("step_times")]
-        return out
+        return {str(r["question_id"]): [statistics.median(t["step_times"]) * 1e3 for t in r["turns"] if t.get("step_times")]
+                for r in answer_records(path)}
 
     method, ar = turns(d / "answers.jsonl"), turns(d / "baseline_answers.jsonl")
     line = []

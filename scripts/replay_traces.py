@@ -18,23 +18,11 @@ from pathlib import Path
 
 from specbench import markdown
 from specbench.speculation.cost import CostCurve, run_bound
-from specbench.speculation.predictions import CURRENT_TRACES, ROOT
-
-
-def trace_runs(folders: list[str]) -> list[Path]:
-    """Greedy run directories (answers and summary) under the folders, AR left out."""
-    runs = []
-    for folder in folders:
-        for answers in sorted((ROOT / folder).glob("**/answers.jsonl")):
-            d = answers.parent
-            if "-t0-" in d.name and not d.name.startswith("ar-") and (d / "summary.json").is_file():
-                runs.append(d)
-    return runs
+from specbench.speculation.predictions import CURRENT_TRACES, ROOT, greedy_runs, read_answers
 
 
 def replay(curve: CostCurve, run: Path) -> dict | None:
-    records = [json.loads(line) for line in (run / "answers.jsonl").read_text().splitlines() if line.strip()]
-    bound = run_bound(curve, records)
+    bound = run_bound(curve, read_answers(run))
     if bound is None:
         return None
     summary = json.loads((run / "summary.json").read_text())
@@ -55,7 +43,9 @@ def main(argv=None) -> int:
     curve = CostCurve.load(args.curve)
     folders = [f for f in args.traces.split(",") + args.extra.split(",") if f]
     rows, seen = [], set()
-    for run in trace_runs(folders):
+    for run in greedy_runs(folders):
+        if not (run / "summary.json").is_file():
+            continue
         r = replay(curve, run)
         key = (r or {}).get("method"), (r or {}).get("curve_from")
         if r is None or key in seen:  # the first folder holding a method (with that curve) wins

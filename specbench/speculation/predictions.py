@@ -52,18 +52,26 @@ def read_published(path: str | Path) -> list[dict]:
     return list(csv.DictReader(lines))
 
 
+def greedy_runs(folders, root: Path = ROOT) -> list[Path]:
+    """The greedy (`-t0-`) run directories holding answers under `folders`, folder by folder, AR's
+    left out."""
+    return [answers.parent for folder in folders for answers in sorted((root / folder).glob("**/answers.jsonl"))
+            if "-t0-" in answers.parent.name and not answers.parent.name.startswith("ar-")]
+
+
+def read_answers(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "answers.jsonl").read_text().splitlines() if line.strip()]
+
+
 def read_traces(folders=CURRENT_TRACES, root: Path = ROOT) -> dict[str, tuple[list[dict], str]]:
     """method -> (its answers.jsonl records, run directory relative to `root`), from greedy runs
-    (`-t0-`) under `folders`; the first folder holding a method wins, AR is left out."""
+    under `folders`; the first folder holding a method wins."""
     traces: dict[str, tuple[list[dict], str]] = {}
-    for folder in folders:
-        for answers in sorted((root / folder).glob("**/answers.jsonl")):
-            if "-t0-" not in answers.parent.name:
-                continue
-            records = [json.loads(line) for line in answers.read_text().splitlines() if line.strip()]
-            method = records[0]["method"] if records else None
-            if method and method != "ar" and method not in traces:
-                traces[method] = (records, str(answers.parent.relative_to(root)))
+    for run in greedy_runs(folders, root):
+        records = read_answers(run)
+        method = records[0]["method"] if records else None
+        if method and method != "ar" and method not in traces:
+            traces[method] = (records, str(run.relative_to(root)))
     return traces
 
 
