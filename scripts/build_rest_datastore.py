@@ -17,7 +17,7 @@ Corpus sources (any mix):
 
 --fraction F keeps the first F of every source's records (conversations) (store size studies);
 --drop-benchmark-overlap drops every document sharing an 8-word window with a Spec-Bench question
-or a built-in mini prompt (scripts/train_medusa.py's filter).
+or a built-in mini prompt (specbench/tools/training_data.py's filter).
 
 Examples:
   # the embedded default store (data/rest/smollm2-135m-selfdistil)
@@ -250,15 +250,14 @@ def main(argv=None):
     n_texts = n_dropped = 0
     bench = None
     if args.drop_benchmark_overlap:
-        sys.path.insert(0, str(ROOT / "scripts"))
-        from train_medusa import _shingles, benchmark_texts
+        from specbench.tools.training_data import benchmark_texts, shingles
 
-        bench = set().union(*(_shingles(t) for t in benchmark_texts()))
+        bench = set().union(*(shingles(t) for t in benchmark_texts()))
 
     def docs():
         nonlocal n_texts, n_dropped
         for text in corpus_texts(args):
-            if bench is not None and _shingles(text) & bench:
+            if bench is not None and shingles(text) & bench:
                 n_dropped += 1
                 continue
             n_texts += 1

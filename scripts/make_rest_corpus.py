@@ -2,7 +2,7 @@
 """Self-distilled chat corpus for a REST datastore: the model's own greedy answers to prompts that
 are not benchmark questions.
 
-The prompts are those scripts/train_medusa.py composes (its `select_prompts`: composed templates
+The prompts are those the head trainers use (specbench/tools/training_data.py `select_prompts`: composed templates
 for the chat categories, Python's reference docs, stdlib docstrings; any prompt sharing an 8-word
 window with a Spec-Bench question or a built-in `mini` prompt is dropped), taken in its
 source-balanced order. Answers are generated greedily in batches (its `greedy_answers`, the
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -34,11 +33,9 @@ import torch
 
 from specbench.inputs.chat import prompt_ids
 from specbench.inputs.models import eos_token_ids, load_model, resolve_device, resolve_dtype
+from specbench.tools.training_data import greedy_answers, model_config, select_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))  # train_medusa.py, also when a test loads this file by path
-
-from train_medusa import greedy_answers, model_config, select_prompts  # noqa: E402
 
 
 def _open(path: Path, mode: str, gz: bool | None = None):

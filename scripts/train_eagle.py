@@ -2,7 +2,7 @@
 """Train an EAGLE draft head (eagle_head.py) for a frozen model on its own answers.
 
 1. data: a self-distilled chat corpus, the model's greedy answers to prompts that are in no benchmark
-   (scripts/make_rest_corpus.py makes it from train_medusa.py's prompts; the embedded model's ships
+   (scripts/make_rest_corpus.py makes it from the head trainers' prompts, specbench/tools/training_data.py; the embedded model's ships
    as data/rest/corpora/smollm2-135m-selfdistil.jsonl.gz). Each conversation is tokenised as the
    benchmark prompts it (chat template), its answer appended, and one teacher-forced forward gives
    the target's features f_t (last hidden state after the final norm) at every position.
@@ -32,11 +32,9 @@ import torch
 from specbench.inputs.chat import prompt_ids
 from specbench.inputs.models import cache_root, resolve_dtype
 from specbench.methods.eagle.head import EagleHead, HeadConfig, load_head, save_head
+from specbench.tools.training_data import frozen_target
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))  # train_medusa.py, also when a test loads this file by path
-
-from train_medusa import frozen_target  # noqa: E402
 
 FEATURE_WEIGHT, TOKEN_WEIGHT = 1.0, 0.1  # EAGLE's v_w and p_w
 NOISE = 0.1  # uniform noise U(-0.1, 0.1) on the input features, as in EAGLE's paper

@@ -32,8 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_calibration_questions(path: Path, n: int, seed: int) -> None:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from train_medusa import select_prompts  # noqa: E402  (non-benchmark prompts, overlap-checked)
+    from specbench.tools.training_data import select_prompts  # non-benchmark prompts, overlap-checked
 
     prompts, _ = select_prompts(n, seed)
     path.parent.mkdir(parents=True, exist_ok=True)

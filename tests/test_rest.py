@@ -278,7 +278,7 @@ def test_default_store_is_embedded():
 
 
 def test_make_rest_corpus_self_distils_and_resumes(real_model, tmp_path):
-    """make_rest_corpus.py: greedy answers of the model to train_medusa.py's prompts, as chat
+    """make_rest_corpus.py: greedy answers of the model to the head trainers' prompts (tools/training_data.py), as chat
     records in selection order; a rerun only answers the prompts it lacks."""
     import gzip
     import importlib.util
