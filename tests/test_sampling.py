@@ -44,6 +44,26 @@ def test_noise_is_a_function_of_key_and_position():
     assert stats.kstest(u.numpy(), "uniform").pvalue > 1e-4
 
 
+def test_a_position_drawn_once_gives_the_same_tokens_as_drawn_afresh():
+    """The sampler reuses a position's noise across steps (a tree re-verifies the positions past its
+    accepted path): every call equals one on a fresh sampler, and only a bounded window is kept."""
+    from specbench.decoding import sampling
+
+    g = torch.Generator().manual_seed(1)
+    reused = PositionSampler(0.8, seed=3)
+    steps = [[10, 11, 11, 12], [11, 12, 13, 13, 14], [12], [12, 13, 14, 15, 16, 17]] + [[p] for p in range(18, 120)]
+    for positions in steps:
+        logits = torch.randn(len(positions), 300, generator=g)
+        pos = torch.tensor(positions)
+        assert torch.equal(reused(logits, pos), PositionSampler(0.8, seed=3)(logits, pos))
+        assert len(reused._rows) <= sampling.KEPT_NOISE_ROWS
+    rows = reused.noise_rows([118, 119], 300, "cpu")
+    assert torch.equal(rows, sampling.gumbel_noise(reused.key, torch.tensor([118, 119]), 300))
+    reused.bind("q1", 0)  # another stream: nothing of the last one is reused
+    assert torch.equal(reused.noise_rows([119], 300, "cpu"), sampling.gumbel_noise(reused.key, torch.tensor([119]), 300))
+    assert list(reused._rows) == [119]
+
+
 @pytest.fixture(scope="module")
 def small_vocab_model():
     torch.manual_seed(3)

@@ -20,6 +20,7 @@ import torch
 from specbench.decoding.transfers import to_device
 
 _M32 = 0xFFFFFFFF
+KEPT_NOISE_ROWS = 64  # a deep tree's positions and a few behind them; 64 x a 150k vocabulary: 38 MB
 
 
 def _mul32(a: torch.Tensor, c: int) -> torch.Tensor:
@@ -87,6 +88,11 @@ class PositionSampler:
             raise ValueError(f"top_k must be 0 (off) or positive, got {top_k}")
         self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
         self.key = stream_key(seed, "", 0)
+        # Noise rows by position: a tree verifies positions that the next step verifies again (all
+        # but the accepted ones), so each is drawn once, not once per step that reaches it. The hash
+        # costs about what a forward row does on a CPU; drawn afresh, a deep tree paid it per depth.
+        self._rows: dict[int, torch.Tensor] = {}
+        self._rows_of: tuple | None = None
 
     def bind(self, question_id, turn: int) -> None:
         self.key = stream_key(self.seed, question_id, turn)
@@ -98,5 +104,23 @@ class PositionSampler:
         scores = filter_logits(logits, self.temperature, self.top_k, self.top_p)
         uniq, inverse = torch.unique(positions, return_inverse=True)
         dev = logits.device
-        noise = gumbel_noise(self.key, to_device(uniq, dev), scores.shape[-1])
+        if uniq.device.type == "cpu":
+            noise = self.noise_rows(uniq.tolist(), scores.shape[-1], dev)
+        else:  # positions on the device: reading them back would cost a sync, so no reuse
+            noise = gumbel_noise(self.key, uniq, scores.shape[-1])
         return (scores + noise[to_device(inverse, dev)]).argmax(dim=-1)
+
+    def noise_rows(self, positions: list[int], vocab: int, device) -> torch.Tensor:
+        """(len(positions), vocab): the stream's Gumbel noise at each position, equal to
+        gumbel_noise(self.key, positions, vocab); a row drawn for an earlier call is reused."""
+        if self._rows_of != (self.key, vocab, torch.device(device)):
+            self._rows, self._rows_of = {}, (self.key, vocab, torch.device(device))
+        missing = [p for p in positions if p not in self._rows]
+        if missing:
+            drawn = gumbel_noise(self.key, to_device(torch.tensor(missing), device), vocab)
+            self._rows.update(zip(missing, drawn))
+            wanted = set(positions)
+            for p in sorted(self._rows)[: max(0, len(self._rows) - KEPT_NOISE_ROWS)]:
+                if p not in wanted:  # the earliest positions go: a turn moves forward
+                    del self._rows[p]
+        return torch.stack([self._rows[p] for p in positions])
