@@ -117,8 +117,8 @@ class PositionSampler:
             self._rows, self._rows_of = {}, (self.key, vocab, torch.device(device))
         missing = [p for p in positions if p not in self._rows]
         if missing:
-            drawn = gumbel_noise(self.key, to_device(torch.tensor(missing), device), vocab)
-            self._rows.update(zip(missing, drawn))
+            for p in missing:  # one at a time: several at once spill the hash's int64 temporaries out of cache
+                self._rows[p] = gumbel_noise(self.key, to_device(torch.tensor([p]), device), vocab)[0]
             wanted = set(positions)
             for p in sorted(self._rows)[: max(0, len(self._rows) - KEPT_NOISE_ROWS)]:
                 if p not in wanted:  # the earliest positions go: a turn moves forward
