@@ -1,0 +1,54 @@
+#!/usr/bin/env python
+"""What position-keyed sampling costs the harness per step (specbench/decoding/sampling.py): the Gumbel
+noise for 1, 4 and 7 positions over SmolLM2's vocabulary, and a sampled tree step (7 rows over 5
+depths, 60 steps moving forward by 1-2 accepted tokens) with each position drawn afresh against drawn
+once and reused. Run it alone on the machine.
+
+    python scripts/bench_sampling.py [--vocab 49152] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from specbench.decoding.sampling import PositionSampler, gumbel_noise
+
+
+def ms_per_call(fn, n: int = 30) -> float:
+    fn()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e3
+
+
+def tree_step_ms(vocab: int, reuse: bool, steps: int = 60) -> float:
+    sampler, base, g = PositionSampler(0.7), 100, torch.Generator().manual_seed(0)
+    t = time.perf_counter()
+    for _ in range(steps):
+        positions = torch.tensor([base + d for d in (0, 1, 1, 2, 2, 3, 4)])
+        if not reuse:
+            sampler.bind("afresh", base)  # a new stream each step: nothing drawn before is reused
+        sampler(torch.randn(7, vocab, generator=g), positions)
+        base += 1 + int(torch.randint(0, 2, (1,), generator=g))
+    return (time.perf_counter() - t) / steps * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    for k in (1, 4, 7):
+        positions = torch.arange(100, 100 + k)
+        print(f"gumbel_noise, {k} position(s) at once: {ms_per_call(lambda: gumbel_noise(1, positions, args.vocab)):.2f} ms")
+    print(f"sampled tree step (7 rows, 5 depths, the logits' randn included): drawn afresh "
+          f"{tree_step_ms(args.vocab, False):.2f} ms, reused {tree_step_ms(args.vocab, True):.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
