@@ -180,18 +180,12 @@ def compose_prompts(seed: int = 0) -> list[dict]:
     def add(source: str, text: str) -> None:
         prompts.append({"source": source, "text": text})
 
-    for subject in WRITING_SUBJECTS:
-        for form in WRITING_FORMS:
-            add("writing", form.format(subject))
-    for role in ROLES:
-        for form in ROLE_FORMS:
-            add("roleplay", form.format(role))
-    for concept in CONCEPTS:
-        for form in CONCEPT_FORMS:
-            add("stem-humanities-qa", form.format(concept))
-    for task in CODING_TASKS:
-        for form in CODING_FORMS:
-            add("coding", form.format(task))
+    for source, items, forms in (("writing", WRITING_SUBJECTS, WRITING_FORMS), ("roleplay", ROLES, ROLE_FORMS),
+                                 ("stem-humanities-qa", CONCEPTS, CONCEPT_FORMS),
+                                 ("coding", CODING_TASKS, CODING_FORMS)):
+        for item in items:
+            for form in forms:
+                add(source, form.format(item))
     for template in MATH_TEMPLATES:
         for _ in range(6):
             a, b, c = rng.randint(3, 60), rng.randint(2, 12), rng.randint(2, 9)
