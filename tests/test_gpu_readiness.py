@@ -89,6 +89,8 @@ def test_the_audit_sees_what_a_gpu_would_wait_for():
         x.tolist()
         x[x > 0]  # a boolean mask: its size is read back
         torch.tensor([1, 2], device=torch.device("cpu"))  # host data to the device, blocking
+        x[torch.zeros(1, dtype=torch.long, device=torch.device("cpu"))] = 1.0  # a number copied in, blocking
+        x[0, :2] = 0.0  # basic indices: a fill, no copy
         audit.step = 2
         y = to_device([1, 2, 3], torch.device("cpu"))  # queued from pinned memory: free
         copy = HostCopy(x)
@@ -96,7 +98,7 @@ def test_the_audit_sees_what_a_gpu_would_wait_for():
         audit.step = 3
         early = HostCopy(y)
         early._host.tolist()  # read before anything synchronised: an error on CUDA
-    assert len(audit.syncs(0)) == 1 and len(audit.syncs(1)) == 4
+    assert len(audit.syncs(0)) == 1 and len(audit.syncs(1)) == 5
     assert audit.syncs(2) == ["HostCopy.wait (copy still under way)"]
     assert len(audit.early_reads()) == 1
 

@@ -174,6 +174,10 @@ class SyncAudit(TorchFunctionMode):
             if name == "__setitem__":
                 self._index(args[1], name)
                 operands = [args[2]] if isinstance(args[2], torch.Tensor) else []
+                # a Python number under a tensor index becomes a 0-dim host tensor that index_put_
+                # copies to the device, blocking (seen on an H200: TR's `written[tokens] = True`)
+                if not operands and any(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tree_leaves(args[1])):
+                    self._record("sync", f"{name} of a Python number under a tensor index")
             if any(t not in self._device and t.dim() > 0 for t in operands):
                 self._record("sync", f"{name} of host data into a device tensor")
         elif any(t in self._device for t in operands):

@@ -244,7 +244,8 @@ class TokenRecycling(Drafter, ReadsPromptLogits, LearnsAcrossRequests):
         top = logits.topk(self.k, dim=-1)
         last = last_occurrence(tokens) if duplicates else torch.arange(tokens.numel(), device=tokens.device)
         self.matrix[tokens] = top.indices[last].to(device=self.device, dtype=torch.int32)
-        self.written[tokens] = True
+        # a device value: `= True` copies a host scalar in and stalls the host (sync_audit.py)
+        self.written[tokens] = torch.ones_like(tokens, dtype=torch.bool)
         return top, last
 
 
