@@ -251,6 +251,8 @@ class AdaptiveTokenRecycling(TokenRecycling):
     def _write(self, tokens: torch.Tensor, logits: torch.Tensor, duplicates: bool = True):
         top, last = super()._write(tokens, logits, duplicates)
         if self.confidence:  # the model's probability of each recycled candidate, kept beside it
-            probs = logits.softmax(dim=-1, dtype=torch.float32).gather(-1, top.indices)  # one fused pass
+            # softmax at the candidates only: exp(logit - logsumexp), one pass over the row and no
+            # vocabulary-wide output
+            probs = (top.values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)).exp()
             self.probs[tokens] = probs[last].to(self.device)
         return top, last
