@@ -39,11 +39,14 @@ def main(argv=None) -> int:
     ap.add_argument("curve", help="a cost_curve.json (e.g. results/gpu/cost/cost_vicuna-7b_eager.json)")
     ap.add_argument("--traces", default=",".join(CURRENT_TRACES), help="folders of current runs, comma list")
     ap.add_argument("--extra", default="", help="more folders, listed beside them")
+    ap.add_argument("--temperature", default="0", help="the runs at this temperature, as their directories "
+                                                        "spell it (0, 0.7, 1.0); a trace's rows and accepted "
+                                                        "lengths replay the same way sampled or greedy")
     args = ap.parse_args(argv)
     curve = CostCurve.load(args.curve)
     folders = [f for f in args.traces.split(",") + args.extra.split(",") if f]
     rows, seen = [], set()
-    for run in greedy_runs(folders):
+    for run in greedy_runs(folders, temperature=args.temperature):
         if not (run / "summary.json").is_file():
             continue
         r = replay(curve, run)
@@ -54,7 +57,7 @@ def main(argv=None) -> int:
         rows.append(r)
     rows.sort(key=lambda r: -r["predicted"])
     c = json.loads(Path(args.curve).read_text())
-    print(f"Replayed on {c['model']}, {c['device']}, {c['dtype']}, {c.get('forward', 'eager')}: "
+    print(f"T = {args.temperature}, replayed on {c['model']}, {c['device']}, {c['dtype']}, {c.get('forward', 'eager')}: "
           f"t(1) = {1e3 * curve.t(1):.2f} ms, t(81)/t(1) = {curve.t(81) / curve.t(1):.2f}\n")
     print(markdown.markdown_table(
         ["method", "trees chosen for", "MAT", "rows/step", "predicted here", "measured where it ran", "run"],

@@ -13,7 +13,7 @@ import torch
 from specbench.errors import SettingsError
 from specbench.speculation import shapes
 from specbench.speculation.cost import CostCurve, run_bound
-from specbench.speculation.predictions import (markdown_table, predicted_speedup, predictions, published_predictions, read_traces, trace_predictions)
+from specbench.speculation.predictions import (greedy_runs, markdown_table, predicted_speedup, predictions, published_predictions, read_traces, trace_predictions)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "shape_cost.py"
@@ -121,6 +121,8 @@ def test_traces_come_from_greedy_runs_first_folder_first(tmp_path):
     write("b", "rest-t0-m8", "rest")
     traces = read_traces(("a", "b"), root=tmp_path)
     assert {m: run for m, (_, run) in traces.items()} == {"pld": "a/m/task/pld-t0-m8", "rest": "b/m/task/rest-t0-m8"}
+    # the replay at another temperature takes that temperature's runs alone
+    assert greedy_runs(("a", "b"), root=tmp_path, temperature="0.7") == [tmp_path / "a/m/task/tr-t0.7-m8"]
     curve = CostCurve(widths=[1, 81], times=[0.01, 0.02])
     rows = predictions(curve, "tiny-7b", folders=("a", "b"), root=tmp_path)  # tiny-7b rehearses vicuna-7b
     assert not any(r["source"].startswith("trace") and r["method"] == "ar" for r in rows)

@@ -52,11 +52,12 @@ def read_published(path: str | Path) -> list[dict]:
     return list(csv.DictReader(lines))
 
 
-def greedy_runs(folders, root: Path = ROOT) -> list[Path]:
+def greedy_runs(folders, root: Path = ROOT, temperature: str = "0") -> list[Path]:
     """The greedy (`-t0-`) run directories holding answers under `folders`, folder by folder, AR's
-    left out."""
+    left out; `temperature`: another one's as its directories spell it (`0.7`)."""
+    tag = f"-t{temperature}-"
     return [answers.parent for folder in folders for answers in sorted((root / folder).glob("**/answers.jsonl"))
-            if "-t0-" in answers.parent.name and not answers.parent.name.startswith("ar-")]
+            if tag in answers.parent.name and not answers.parent.name.startswith("ar-")]
 
 
 def read_answers(run: Path) -> list[dict]:
