@@ -27,10 +27,10 @@ from specbench.decoding.kv_cache import cache_keyword
 from specbench.decoding.packed_linear import with_packed_linears
 from specbench.errors import SpecbenchError
 
-# One CUDA graph each, and each a compile of its own (tens of seconds on a fresh machine). Few, because
-# on the GPUs measured a forward costs nearly the same from 1 to 128 rows (t(128)/t(1) 1.0-1.15 on an
-# H100 and an H200 at SmolLM2, Vicuna-7B and -13B shapes: results/gpu/), so padding up to a bucket is
-# nearly free; nine buckets did not finish compiling in an H200's slot. Wider drafts: multiples of 64.
+# One CUDA graph each, and each a compile of its own. Few, because on the GPUs measured a forward costs
+# nearly the same from 1 to 128 rows (results/gpu/), so padding up to a bucket is nearly free, while
+# nine buckets did not finish compiling in a lent GPU's slot (docs/compiled-forward.md). Wider drafts:
+# multiples of 64.
 CUDA_ROW_BUCKETS = (1, 16, 128)
 
 
