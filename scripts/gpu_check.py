@@ -17,8 +17,9 @@ assembled and checked by sha256), then by value: real_model (the leading methods
 model, eager float16, AR interleaved, every token checked, after a throwaway warm-up),
 real_model_compiled (the same on CUDA graphs), step_profile (where a step's time goes), cuda_tests
 (the CUDA-only tests, eager first), real_model_bf16 and cost_curves (random weights at SmolLM2-135M,
-Vicuna-7B and Vicuna-13B shapes, eager, compiled when time is left, with predicted speedups). Each stage is sure of its own budget, and the budgets add up within the call;
-a stage may also use what earlier stages left unused beyond what the later ones are sure of. Each
+Vicuna-7B and Vicuna-13B shapes, eager, compiled when time is left, with predicted speedups). Each
+stage is sure of its own budget, and the budgets add up within the call; a stage may also use what
+earlier stages left unused beyond what the later ones are sure of. Each
 stage's process, and everything it starts, writes straight into its log unbuffered, so a stage its
 budget ends leaves its progress, and its detail names the last line (the test that was running). On
 the CPU (--cpu) the CUDA-only parts are SKIP(cuda) and the shapes are small stand-ins.

@@ -264,7 +264,7 @@ def top_k_rows(logits: torch.Tensor, k: int, block: int = 64) -> TopK:
     rows, vocab = logits.shape
     if logits.device.type != "cpu" or vocab % block or vocab // block < k:
         return TopK(*logits.topk(k, dim=-1))
-    blocks = logits.view(rows, vocab // block, block)
+    blocks = logits.reshape(rows, vocab // block, block)  # a view when the rows are contiguous
     chosen = blocks.amax(dim=-1).topk(k, dim=-1).indices  # (rows, k) block numbers
     cand = blocks.gather(1, chosen[..., None].expand(rows, k, block)).reshape(rows, k * block)
     best = cand.topk(k, dim=-1)
