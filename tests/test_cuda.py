@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -76,5 +77,9 @@ def test_a_compiled_step_synchronises_once(tiny_llama):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    where = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in syncs})  # the message names no operation
-    assert len(syncs) <= out.decoding_steps + 2, (len(syncs), out.decoding_steps, where)
+    where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)  # the message names no operation
+    # one a step (the path read back), plus the prefill's three a turn: the prompt's copy to the device,
+    # transformers' mask check and the first token read back (the H200 found exactly these)
+    prefill_syncs = sum(n for line, n in where.items() if not line.startswith("engine.py"))
+    assert len(syncs) - prefill_syncs == out.decoding_steps, (out.decoding_steps, where)
+    assert prefill_syncs <= 3, where
