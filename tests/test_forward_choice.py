@@ -36,6 +36,27 @@ def test_the_plan_follows_the_settings():
         planned_forward("on", "packed", CPU, torch.float16)
 
 
+def test_auto_compiles_on_cuda_and_x86_cpus_only(monkeypatch):
+    """`auto` follows the measurements: compiled on CUDA (the H200: AR's step 8.2 ms against 17.7 ms
+    eager) and on x86 CPUs; eager elsewhere. Planning touches no device, so it runs without a GPU."""
+    from specbench.decoding import forward_choice
+
+    monkeypatch.setattr(forward_choice.platform, "machine", lambda: "x86_64")
+    assert planned_forward("auto", "auto", "cuda", torch.float16) == "compiled"  # the kernel is CPU-only
+    assert planned_forward("auto", "auto", CPU, torch.bfloat16) == "compiled"
+    assert planned_forward("off", "auto", "cuda", torch.float16) == "eager"
+    assert planned_forward("auto", "auto", "mps", torch.float16) == "eager"
+    monkeypatch.setattr(forward_choice.platform, "machine", lambda: "aarch64")
+    assert planned_forward("auto", "auto", CPU, torch.float32) == "eager"
+    assert planned_forward("auto", "auto", "cuda", torch.bfloat16) == "compiled"
+
+
+def test_without_a_compiler_cuda_is_eager_too(monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    choice = choose_forward("auto", "auto", "cuda", torch.float16)
+    assert choice.name == "eager" and "compiled forward needs one" in choice.warnings[0]
+
+
 def test_a_kernel_that_does_not_build_steps_down_to_inductors_products(monkeypatch):
     monkeypatch.setattr(packed_linear, "available", lambda: True)
     monkeypatch.setattr(packed_linear, "build_problem", lambda: "#error C++20 or later compatible compiler is required")
@@ -144,5 +165,5 @@ def test_run_completes_eager_without_a_compiler(tiny_model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("warning:")]
     assert warnings == ["warning: the C++ compiler /bin/false does not run (install a working one, e.g. g++, or "
-                        "set CXX): the compiled CPU forward needs one, so this run uses the eager forward"]
+                        "set CXX): the compiled forward needs one, so this run uses the eager forward"]
     assert summary["forward"] == "eager"

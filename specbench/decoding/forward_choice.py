@@ -41,11 +41,13 @@ class ForwardChoice:
 
 
 def wants_compiled(setting: str, device) -> bool:
-    """`compile=on`, or `auto` on an x86 CPU, where it was measured to pay (docs/compiled-forward.md). On
-    CUDA `auto` stays eager until the CUDA-graph path has been measured on a GPU."""
+    """`compile=on`, or `auto` where the compiled forward was measured to pay: an x86 CPU
+    (docs/compiled-forward.md) and CUDA, where eager steps wait on the host launching a thousand small
+    kernels and CUDA graphs remove that wait (results/gpu/README.md)."""
     if setting in ("on", "off"):
         return setting == "on"
-    return torch.device(device).type == "cpu" and platform.machine().lower() in ("x86_64", "amd64")
+    kind = torch.device(device).type
+    return kind == "cuda" or (kind == "cpu" and platform.machine().lower() in ("x86_64", "amd64"))
 
 
 def planned_forward(compile_setting: str, products: str, device, dtype: torch.dtype) -> str:
@@ -84,11 +86,10 @@ def choose_forward(compile_setting: str, products: str, device, dtype: torch.dty
     plan = planned_forward(compile_setting, products, device, dtype)
     if plan == "eager":
         return ForwardChoice("eager")
-    if torch.device(device).type == "cpu":
-        problem = compiler_problem()
-        if problem:
-            return ForwardChoice("eager", (f"warning: {problem}: the compiled CPU forward needs one, so this "
-                                           "run uses the eager forward",))
+    problem = compiler_problem()  # inductor compiles C++ on the CPU, and Triton's launchers on CUDA
+    if problem:
+        return ForwardChoice("eager", (f"warning: {problem}: the compiled forward needs one, so this "
+                                       "run uses the eager forward",))
     if plan == "compiled" and products != "inductor" and torch.device(device).type == "cpu" \
             and dtype == torch.float32:  # the kernel was wanted, the CPU cannot run it
         return ForwardChoice("compiled", (f"warning: the packed kernel is unavailable "
