@@ -20,7 +20,8 @@
 #ifdef SPECBENCH_BREAK_BUILD  // the fallback test's way to make this build fail (tests/test_forward_choice.py)
 #error SPECBENCH_BREAK_BUILD is set: a build failure made on purpose
 #endif
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
