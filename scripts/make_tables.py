@@ -18,6 +18,11 @@ follows: one row per variant (the settings that depart from the defaults), with 
 speedup bound and rows per step.
 
 Also writes the sweep-level <root>/results.csv: one line per run directory.
+
+Serving runs under the root (run.py batch_size= / request_rate=, e.g.
+`python run.py -m method=ar,tr,pld batch_size=1,4,16 batch_speculation=fixed,goodput repeat=0,1,2`)
+get serving.md and plots/speedup_vs_batch.png, plots/latency_vs_rate.png in the same folder: one row
+per configuration, its rounds (repeat=) combined as the mean of each round's own ratio to its AR.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specbench.report import collect, tables
+from specbench.report import collect, serving_report, tables
 
 DEFAULT_PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published"
 
@@ -44,15 +49,27 @@ def main(argv=None) -> int:
 
     root = Path(args.root)
     runs = collect.load_runs(root)
-    if not runs:
-        print(f"no run directories (run_config.json + answers.jsonl) under {root}", file=sys.stderr)
+    serving = serving_report.combine(serving_report.load_serving(root))
+    if not runs and not serving:
+        print(f"no run directories (run_config.json + answers.jsonl, or a finished serving run) under {root}",
+              file=sys.stderr)
         return 1
+    out = Path(args.out) if args.out else (root if root.is_dir() else root.parent)
+    out.mkdir(parents=True, exist_ok=True)
+    if serving:
+        md = serving_report.serving_markdown(serving)
+        (out / "serving.md").write_text(md)
+        plots = serving_report.serving_plots(serving, out / "plots")
+        print(md)
+        print(f"written: {out / 'serving.md'}" + "".join(f", {p}" for p in plots), file=sys.stderr)
+        for line in serving_report.failures(serving):
+            print(f"LOSSLESS CHECK FAILED: {line}", file=sys.stderr)
+        if not runs:
+            return 1 if serving_report.failures(serving) else 0
     rows = collect.run_rows(runs)
     published = collect.load_published(args.published) if args.published and Path(args.published).is_dir() else []
     aggregated = tables.aggregate(rows)
     built = tables.build_tables(aggregated, published)
-    out = Path(args.out) if args.out else (root if root.is_dir() else root.parent)
-    out.mkdir(parents=True, exist_ok=True)
     md = tables.to_markdown(built)
     ablations = tables.ablation_markdown(tables.ablation_tables(aggregated))  # methods run in several variants
     if ablations:

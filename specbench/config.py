@@ -105,7 +105,9 @@ class RunConfig:
     # dtype and forward, else a quick one measured at the start; off; or a curve JSON path
     cost_curve: Optional[str] = "auto"
     # Concurrent requests (docs/batched-serving.md): batch_size > 1 or a request_rate serves each
-    # question's first turn as a request, at most batch_size decoded together, beside batched AR
+    # question's first turn as a request, at most batch_size decoded together, beside batched AR;
+    # serving=true does so at batch_size=1 too (the batched engine: a batch-size sweep's first point)
+    serving: bool = False
     batch_size: int = 1
     request_rate: Optional[float] = None  # requests/s, Poisson arrivals seeded by `seed`; None: all at t = 0
     # fixed: every drafter's whole draft | goodput: each step the batch's row budget with the most

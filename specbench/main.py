@@ -12,10 +12,14 @@ from specbench.run.settings import is_serving_run
 
 def run_benchmark(cfg: dict) -> dict:
     """Run, write answers and summary, print the table. Returns the summary."""
+    from specbench.report.reporting import after_run, after_serving_run
+
     if is_serving_run(cfg):  # concurrent requests: run/serving.py
         from specbench.run.serving import run_serving
-        return run_serving(cfg)
-    from specbench.report.reporting import after_run
+
+        summary = run_serving(cfg)
+        after_serving_run(summary["results_dir"])  # warns, never fails
+        return summary
     from specbench.run.single import run_single
 
     done = run_single(cfg)

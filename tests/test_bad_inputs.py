@@ -80,7 +80,7 @@ CASES = [
     ("unknown host memory policy", ["host_memory=pool"], r"host_memory must be keep or system, got 'pool'",
      "in-process"),
     ("sampling in a batched run", ["batch_size=4", "temperature=0.7"],
-     r"batched runs \(batch_size > 1 or request_rate\) decode greedily; set temperature=0", "in-process"),
+     r"serving runs \(serving=true, batch_size > 1 or request_rate\) decode greedily; set temperature=0", "in-process"),
     ("compiled batched run", ["request_rate=2", "compile=on"],
      r"batched runs use the eager forward .*; set compile=off or auto", "in-process"),
     ("device=cuda without a GPU", ["device=cuda"], r"device=cuda was asked for but torch sees no CUDA GPU; use device=cpu",

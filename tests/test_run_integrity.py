@@ -10,7 +10,6 @@ float16 (a real `python run.py`; its GGUF comes from PyPI the first time).
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import signal
@@ -209,38 +208,26 @@ def test_a_missing_request_is_a_mismatch_in_a_serving_run():
         check_requests({"max_new_tokens": 4, "dtype": "float32"}, None, None, [], [q], [])
 
 
-@pytest.fixture(scope="module")
-def sweep():
-    spec = importlib.util.spec_from_file_location("serve_sweep", ROOT / "scripts" / "serve_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def test_a_serving_run_counts_a_length_difference_and_exits_non_zero(monkeypatch):
+    """One side stopping where the other goes on with the same tokens is a mismatch, never exact, and
+    a serving run with one exits 1 (the serving sweep is run.py's: `run.py -m batch_size=...`)."""
+    from specbench.inputs.questions import Question
+    from specbench.main import main_exit_code
+    from specbench.run import serving
 
+    refs = iter([[5, 6], [8, 9]])
 
-def test_serve_sweep_counts_a_length_difference_and_exits_non_zero(sweep, tmp_path, monkeypatch, capsys):
-    clean = {"tokens_checked": 0, "tokens_outside_band": 0}
-    monkeypatch.setattr(sweep.lossless, "check_tokens", lambda *a, **k: clean)  # every token the target's
-    prompts, refs = [[1], [2], [3]], [[5, 6, 7], [5, 6], [8, 9]]
-    outs = [[5, 6, 7], [5, 6, 4], [8, 2]]  # exact; the same tokens then one more (went past EOS); a flip
-    assert sweep.judge(None, prompts, outs, refs) == {"exact_vs_ar": 1, "tokens_outside_band": 0, "mismatches": 1}
-    assert sweep.judge(None, prompts, outs[:2], refs)["mismatches"] == 3  # a request lost: none passes
-    row = {"load": "closed", "method": "tr", "policy": "fixed", "batch": 2, "rate": None, "round": 1,
-           "throughput": 10.0, "mat": 1.5, "rows_per_step": 4.0, "latency_mean": 1.0, "latency_p50": 1.0,
-           "latency_p99": 1.0, "tpot_ms": 50.0, "exact_vs_ar": 2, "requests": 3, "questions": 3,
-           "tokens_outside_band": 0}
-    out = tmp_path / "sweep"
-    out.mkdir()
-    monkeypatch.setattr(sweep, "plots", lambda rows, where: None)
-    append_jsonl(out / "results.jsonl", dict(row, method="ar", exact_vs_ar=3))
-    append_jsonl(out / "results.jsonl", row)  # an older line: no mismatches key, all well
-    sweep.main(["--report-only", "--out", str(out)])
-    append_jsonl(out / "results.jsonl", dict(row, round=2, mismatches=1))
-    with pytest.raises(SystemExit) as e:
-        sweep.main(["--report-only", "--out", str(out)])
-    assert e.value.code == 1
-    err = capsys.readouterr().err
-    assert "LOSSLESS CHECK FAILED: closed tr fixed B=2 rate=None round 2: 1 mismatch(es)" in err
-    assert "1 MISMATCH(ES)" in (out / "tables.md").read_text()
+    class Reference:  # the batch-size-1 AR engine, replaying fixed outputs
+        def generate(self, prompt, drafter, n):
+            return type("Turn", (), {"tokens": next(refs)})()
+
+    monkeypatch.setattr(lossless, "check_tokens", lambda *a, **k: {"tokens_checked": 2, "tokens_outside_band": 0})
+    qs = [Question("q1", "qa", ["a"]), Question("q2", "qa", ["b"])]
+    requests = [{"question_id": "q1", "tokens": [5, 6, 7]}, {"question_id": "q2", "tokens": [8, 9]}]
+    cfg = {"max_new_tokens": 4, "dtype": "float32", "lossless": {"check": True}}
+    checks = serving.check_requests(cfg, None, Reference(), [[1], [2]], qs, requests)
+    assert [c["status"] for c in checks] == ["mismatch", "exact"]
+    assert main_exit_code({"lossless": lossless.tally(checks, 2)}, cfg) == 1
 
 
 # -- non-finite numbers stop the run -------------------------------------------------------------------

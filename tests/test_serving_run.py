@@ -62,6 +62,16 @@ def test_a_drafter_pool_reuses_finished_drafters_and_shares_learned_state():
     assert pool() is a and a.starts == 1 and len(built) == 2  # a finished request's drafter serves the next
 
 
+def test_serving_true_makes_batch_size_one_a_serving_run(tmp_path):
+    """A batch-size sweep's first point decodes on the batched engine, not the single-request one."""
+    from specbench.run.serving import serving_dir
+    from specbench.run.settings import is_serving_run
+
+    assert not is_serving_run(serving_cfg(tmp_path, "method=pld"))
+    c = serving_cfg(tmp_path, "method=pld", "serving=true")
+    assert is_serving_run(c) and serving_dir(c).name == "pld-t0-m24-b1"
+
+
 def test_a_batched_run_times_ar_beside_the_method_and_checks_every_request(real_model, tmp_path):
     c = serving_cfg(tmp_path, "method=pld", "batch_size=2")
     summary = run_benchmark(c)
@@ -75,7 +85,8 @@ def test_a_batched_run_times_ar_beside_the_method_and_checks_every_request(real_
     assert str(run_dir) == summary["results_dir"]
     side = json.loads((run_dir / "method_batch.json").read_text())
     assert [r["question_id"] for r in side["requests"]] and all(len(r["tokens"]) for r in side["requests"])
-    assert "| pld | 2 |" in (run_dir.parent / "serving.md").read_text()
+    assert "| pld | fixed | 2 | - | 1 |" in (run_dir.parent / "serving.md").read_text()
+    assert (run_dir.parent / "plots" / "speedup_vs_batch.png").is_file()
     # a rerun reuses both finished sides: the same timings, nothing decoded again
     again = run_benchmark(c)
     assert again["throughput"] == summary["throughput"] and again["baseline_throughput"] == summary["baseline_throughput"]

@@ -1,4 +1,5 @@
-"""What the runner does after a run is written: the sweep-level results.csv and wandb logging.
+"""What follows a written run: the sweep-level results.csv and wandb logging (one request at a time),
+the serving folder's table and plots (many at once).
 
 Kept out of runner.py behind one call; a failure here prints a warning and never fails the run
 (the answers and summary are already on disk).
@@ -23,3 +24,18 @@ def after_run(cfg: dict, summary: dict, records: list[dict], baseline: list[dict
         log_run(cfg, summary, records, baseline, Path(out_dir))
     except Exception as e:  # noqa: BLE001
         print(f"warning: wandb logging failed: {e}", file=sys.stderr)
+
+
+def after_serving_run(out_dir: Path) -> None:
+    """serving.md and plots/ beside the serving run: every finished serving run in its folder, repeats
+    combined (report/serving_report.py)."""
+    folder = Path(out_dir).parent
+    try:
+        from specbench.report import serving_report
+        from specbench.run.results_io import write_text_atomic
+
+        combined = serving_report.combine(serving_report.load_serving(folder))
+        write_text_atomic(folder / "serving.md", serving_report.serving_markdown(combined))
+        serving_report.serving_plots(combined, folder / "plots")
+    except Exception as e:  # noqa: BLE001 - reporting must not lose a finished run
+        print(f"warning: could not write {folder / 'serving.md'}: {e}", file=sys.stderr)

@@ -15,7 +15,8 @@ choice within the rounding band (run/lossless.py).
 
 Files: <results_root>/<model>/<task>/serving/<method>-t0-m<M>-b<B>[-rps<rate>][-goodput][-bf16|-fp16][~settings]/
 serving_config.json, ar_batch.json, method_batch.json (per request: tokens, times, accept lengths),
-summary.json; and serving/serving.md, the table of every serving run beside it.
+summary.json; after the run, serving/serving.md and serving/plots/ gather every serving run beside it
+(report/serving_report.py, through main.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 from specbench.run import lossless
-from specbench.run.results_io import make_directory, read_json, write_json_atomic, write_text_atomic
+from specbench.run.results_io import make_directory, read_json, write_json_atomic
 from specbench.run.run_lock import lock_run_directory
 from specbench.run.serving_metrics import poisson_arrivals, serving_figures
 from specbench.run.plan import check_identity, identity, prepared_settings, results_dir_for
@@ -44,6 +45,7 @@ from specbench.registry import build_drafter
 
 
 SERVING_CONFIG = "serving_config.json"  # not run_config.json: the single-request tables skip these directories
+# (report/serving_report.py finds serving runs by this name)
 
 
 def serving_dir(cfg: dict) -> Path:
@@ -137,7 +139,6 @@ def _serve(cfg: dict, out_dir: Path) -> dict:
     write_json_atomic(out_dir / "summary.json", summary)
     print(serving_table([summary]))
     print(f"results: {out_dir}")
-    write_serving_table(out_dir.parent)
     return summary
 
 
@@ -206,15 +207,3 @@ def serving_table(summaries: list[dict]) -> str:
                      lossless.verdict_line(s["lossless"]) if s["lossless"]["checked"] else "unchecked"])
     return markdown_table(["method", "B", "rate (req/s)", "speculation", "tok/s", "speedup", "MAT",
                            "latency mean / p50 / p99 (s)", "TPOT ms", "lossless"], rows, align="lrrlrrrlrl")
-
-
-def write_serving_table(serving_root: Path) -> None:
-    """serving.md: every finished serving run under serving_root, by method, batch size and rate."""
-    found = [read_json(p) for p in sorted(serving_root.glob("*/summary.json"))]
-    found.sort(key=lambda s: (s["method"] != "ar", s["method"], s["request_rate"] or 0, s["batch_size"],
-                              s["batch_speculation"]))
-    if found:
-        write_text_atomic(serving_root / "serving.md",
-                          "# Serving runs\n\nSpeedup: throughput over batched AR's, measured in the same run. "
-                          "Latency: finish - arrival.\n\n" + serving_table(found) + "\n")
-

@@ -140,7 +140,7 @@ BATCH_SPECULATION = ("fixed", "goodput")
 
 def is_serving_run(cfg: dict) -> bool:
     """Concurrent requests (run/serving.py) rather than one question at a time."""
-    return cfg.get("batch_size", 1) > 1 or cfg.get("request_rate") is not None
+    return bool(cfg.get("serving")) or cfg.get("batch_size", 1) > 1 or cfg.get("request_rate") is not None
 
 
 def check_serving(cfg: dict) -> None:
@@ -155,7 +155,7 @@ def check_serving(cfg: dict) -> None:
     if not is_serving_run(cfg):
         return
     if cfg["temperature"] != 0:
-        raise SettingsError("batched runs (batch_size > 1 or request_rate) decode greedily; set temperature=0")
+        raise SettingsError("serving runs (serving=true, batch_size > 1 or request_rate) decode greedily; set temperature=0")
     if str(cfg["compile"]) in ("on", "true", "True"):
         raise SettingsError("batched runs use the eager forward (the compiled one's static cache holds one "
                             "request); set compile=off or auto")
