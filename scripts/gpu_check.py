@@ -13,11 +13,11 @@ warm. The node needs nothing but its own Python with torch and transformers: hyd
 come as wheels, installed into a private folder; the network is never asked for.
 
 Stages, in this order: probe (GPU, versions, carried wheels), weights (the embedded model's GGUF
-assembled and checked by sha256), then by value: real_model (the leading methods on the embedded
-model, eager float16, AR interleaved, every token checked, after a throwaway warm-up),
-real_model_compiled (the same on CUDA graphs), step_profile (where a step's time goes), cuda_tests
-(the CUDA-only tests, eager first), real_model_bf16 and cost_curves (random weights at SmolLM2-135M,
-Vicuna-7B and Vicuna-13B shapes, eager, compiled when time is left, with predicted speedups). Each
+assembled and checked by sha256), then by value: real_model_compiled (every method on the embedded
+model in float16 on CUDA graphs, AR interleaved, every token checked, after a warm-up), real_model
+(the leading methods eager), cuda_tests (the CUDA-only tests, eager first), real_model_bf16,
+cost_curves (random weights at SmolLM2-135M, Vicuna-7B and Vicuna-13B shapes, eager, compiled when
+time is left, with predicted speedups) and step_profile (where a step's time goes, with what is left). Each
 stage is sure of its own budget, and the budgets add up within the call; a stage may also use what
 earlier stages left unused beyond what the later ones are sure of. Each
 stage's process, and everything it starts, writes straight into its log unbuffered, so a stage its
@@ -74,22 +74,24 @@ class Stage:
 
 # Run in this order: probe and weights, then the most valuable first. The GPU budgets add up to
 # TOTAL_BUDGET less ARCHIVE_SECONDS and MARGIN_SECONDS (tests/test_gpu_check.py; docs/gpu.md's table).
-# Every method has run eager on a GPU (results/gpu/: an H200); what is still open comes first: the
-# leading methods eager and compiled in one session (does compiled beat eager there?), why a step of
-# several rows sometimes costs 3x a plain one, the CUDA tests, bfloat16, then more cost curves.
+# Every method has run eager on a GPU, and the leading five compiled, where compiled beat eager
+# (results/gpu/: an H200), so `compile=auto` compiles on CUDA. What is still open comes first: every
+# method on the compiled forward, then the leading ones eager beside it in the same session, the CUDA
+# tests, bfloat16, more cost curves, and the step profile with whatever time is left.
 STAGES = [
     Stage("probe", 25, 60, "GPU, versions, carried wheels installed privately"),
     Stage("weights", 15, 30, "the embedded model's GGUF from its parts, sha256 checked"),
+    Stage("real_model_compiled", 210, 30, "every method on the embedded model in float16 on the compiled forward "
+                                          "(CUDA graphs), AR interleaved, every token checked, after a warm-up"),
     Stage("real_model", 140, 300, "the leading methods on the embedded model (float16 on a GPU), eager, AR "
                                   "interleaved, every token checked, after a throwaway warm-up"),
-    Stage("real_model_compiled", 170, 30, "the same on the compiled forward (CUDA graphs)"),
-    Stage("step_profile", 45, 100, "PLD's steps by rows verified, garbage collector on and off, one host thread; "
-                                   "a turn under torch's profiler"),
     Stage("cuda_tests", 60, 60, "CUDA tests, eager first, then the compiled (CUDA graphs) ones: float16 and "
                                 "bfloat16, syncs, matrix update"),
-    Stage("real_model_bf16", 20, 200, "the same in bfloat16"),
+    Stage("real_model_bf16", 25, 200, "the leading methods in bfloat16, eager"),
     Stage("cost_curves", 20, 90, "t(w) at real shapes with random weights (eager; compiled if time is left), "
                                  "predicted speedups"),
+    Stage("step_profile", 0, 100, "with the time left: PLD's steps by rows verified, garbage collector on and "
+                                  "off, one host thread; a turn under torch's profiler"),
 ]
 
 
@@ -627,10 +629,11 @@ def needs_weights(ctx: dict) -> dict | None:
     return {"status": FAIL, "detail": "the embedded model's weights are not on this machine (stage weights)"}
 
 
-def stage_methods(ctx: dict) -> list[str]:
+def stage_methods(ctx: dict, default: list[str] | None = LEADING_METHODS) -> list[str]:
+    """--methods, else `default` (None: every registered method), most valuable first."""
     from specbench.registry import available_methods
 
-    wanted = None if ctx["methods"] == ["all"] else (ctx["methods"] or LEADING_METHODS)
+    wanted = None if ctx["methods"] == ["all"] else (ctx["methods"] or default)
     return method_order(available_methods(), wanted)
 
 
@@ -642,7 +645,8 @@ def stage_real_model(ctx: dict) -> dict:
 def stage_real_model_compiled(ctx: dict) -> dict:
     if not ctx["cuda"]:
         return {"status": SKIP_CUDA, "detail": "CUDA graphs need a GPU (the CPU's compiled forward is tested in CI)"}
-    return needs_weights(ctx) or run_methods(ctx, "real_model_compiled", "float16", "compiled", stage_methods(ctx))
+    return needs_weights(ctx) or run_methods(ctx, "real_model_compiled", "float16", "compiled",
+                                             stage_methods(ctx, default=None))
 
 
 def stage_real_model_bf16(ctx: dict) -> dict:
@@ -674,10 +678,10 @@ def stage_step_profile(ctx: dict) -> dict:
     return {"status": PASS, "detail": detail}
 
 
-STAGE_FUNCTIONS = {"probe": stage_probe, "weights": stage_weights, "real_model": stage_real_model,
-                   "real_model_compiled": stage_real_model_compiled, "step_profile": stage_step_profile,
+STAGE_FUNCTIONS = {"probe": stage_probe, "weights": stage_weights,
+                   "real_model_compiled": stage_real_model_compiled, "real_model": stage_real_model,
                    "cuda_tests": stage_cuda_tests, "real_model_bf16": stage_real_model_bf16,
-                   "cost_curves": stage_cost_curves}
+                   "cost_curves": stage_cost_curves, "step_profile": stage_step_profile}
 
 
 def stage_env(cpu: bool) -> dict:
