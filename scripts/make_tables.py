@@ -56,16 +56,17 @@ def main(argv=None) -> int:
         return 1
     out = Path(args.out) if args.out else (root if root.is_dir() else root.parent)
     out.mkdir(parents=True, exist_ok=True)
+    failed = serving_report.failures(serving)  # a serving configuration that fails the check: exit 1
     if serving:
         md = serving_report.serving_markdown(serving)
         (out / "serving.md").write_text(md)
         plots = serving_report.serving_plots(serving, out / "plots")
         print(md)
         print(f"written: {out / 'serving.md'}" + "".join(f", {p}" for p in plots), file=sys.stderr)
-        for line in serving_report.failures(serving):
+        for line in failed:
             print(f"LOSSLESS CHECK FAILED: {line}", file=sys.stderr)
         if not runs:
-            return 1 if serving_report.failures(serving) else 0
+            return 1 if failed else 0
     rows = collect.run_rows(runs)
     published = collect.load_published(args.published) if args.published and Path(args.published).is_dir() else []
     aggregated = tables.aggregate(rows)
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
     print(md)
     print(f"written: {out / 'tables.md'}, {out / 'tables.tex'}, {out / 'tables.csv'}"
           + ("" if args.no_results_csv else f", {out / 'results.csv'}"), file=sys.stderr)
-    return 0
+    return 1 if failed else 0
 
 
 def fill_readme_table(readme: Path, root: str, table_md: str) -> None:
