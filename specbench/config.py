@@ -84,7 +84,7 @@ class RunConfig:
     dtype: str = "auto"
     seed: int = 0
     # The target forward: off = transformers eager; on = compiled (static KV cache; CPU: inductor, our
-    # packed products; CUDA: CUDA graphs per row bucket); auto = on for x86 CPUs, eager elsewhere
+    # packed products; CUDA: CUDA graphs per row bucket); auto = on for x86 CPUs and CUDA, eager elsewhere
     # (docs/compiled-forward.md). Compiling happens before any timing; the test suite sets off.
     compile: str = "${oc.env:SPECBENCH_COMPILE,auto}"
     # The compiled CPU forward's matrix products: packed (our AVX2 kernel, float32), inductor (inductor's
