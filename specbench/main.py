@@ -18,7 +18,7 @@ def run_benchmark(cfg: dict) -> dict:
         from specbench.run.serving import run_serving
 
         summary = run_serving(cfg)
-        after_serving_run(summary["results_dir"])  # warns, never fails
+        after_serving_run(summary)  # prints this run's table, writes the folder's; warns, never fails
         return summary
     from specbench.run.single import run_single
 

@@ -72,9 +72,11 @@ def test_serving_true_makes_batch_size_one_a_serving_run(tmp_path):
     assert is_serving_run(c) and serving_dir(c).name == "pld-t0-m24-b1"
 
 
-def test_a_batched_run_times_ar_beside_the_method_and_checks_every_request(real_model, tmp_path):
+def test_a_batched_run_times_ar_beside_the_method_and_checks_every_request(real_model, tmp_path, capsys):
     c = serving_cfg(tmp_path, "method=pld", "batch_size=2")
     summary = run_benchmark(c)
+    printed = capsys.readouterr()
+    assert "| pld | fixed | 2 | - | 1 |" in printed.out and "warning:" not in printed.err  # the run's table
     assert summary["results_dir"].endswith("serving/pld-t0-m24-b2") and summary["forward"] == "eager"
     lo = summary["lossless"]
     assert lo["checked"] == lo["exact"] == 3 and lo["tokens_outside_band"] == 0 and lo["tokens_checked"] > 0

@@ -26,14 +26,15 @@ def after_run(cfg: dict, summary: dict, records: list[dict], baseline: list[dict
         print(f"warning: wandb logging failed: {e}", file=sys.stderr)
 
 
-def after_serving_run(out_dir: Path) -> None:
-    """serving.md and plots/ beside the serving run: every finished serving run in its folder, repeats
-    combined (report/serving_report.py)."""
-    folder = Path(out_dir).parent
+def after_serving_run(summary: dict) -> None:
+    """This run's table printed; serving.md and plots/ beside it: every finished serving run in its
+    folder, repeats combined (report/serving_report.py)."""
+    folder = Path(summary["results_dir"]).parent
     try:
         from specbench.report import serving_report
         from specbench.run.results_io import write_text_atomic
 
+        print(serving_report.serving_table(serving_report.combine([summary])))
         combined = serving_report.combine(serving_report.load_serving(folder))
         write_text_atomic(folder / "serving.md", serving_report.serving_markdown(combined))
         serving_report.serving_plots(combined, folder / "plots")

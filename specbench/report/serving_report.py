@@ -18,8 +18,8 @@ from specbench.markdown import markdown_table
 from specbench.run import lossless
 from specbench.run.metrics import mean_interval_95
 from specbench.run.results_io import read_json
+from specbench.run.serving import SERVING_CONFIG  # what marks a serving run's directory
 
-SERVING_CONFIG = "serving_config.json"  # what marks a serving run's directory (run/serving.py writes it)
 IDENTITY = ("model", "task", "dtype", "device", "forward", "max_new_tokens")  # one table each
 
 
@@ -103,19 +103,23 @@ def serving_markdown(combined: list[dict]) -> str:
     for r in combined:
         tables.setdefault(tuple(r[k] for k in IDENTITY), []).append(r)
     for ident, rows in tables.items():
-        out += [f"## {', '.join(f'{k} {v}' for k, v in zip(IDENTITY, ident))}", ""]
-        body = [[r["method"], r["speculation"], r["batch_size"],
-                 f"{r['request_rate']:g}" if r["request_rate"] else "-", r["rounds"], f"{r['throughput']:.1f}",
-                 speedup_cell(r), "-" if r["ci95"] is None else f"{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}",
-                 f"{r['mat']:.2f}", f"{r['rows_per_step']:.1f}",
-                 f"{r['latency_mean']:.2f} / {r['latency_p50']:.2f} / {r['latency_p99']:.2f}",
-                 "-" if r["tpot_ms"] is None else f"{r['tpot_ms']:.1f}",
-                 lossless.verdict_line(r["lossless"]) if r["lossless"].get("checked") else "unchecked"]
-                for r in rows]
-        out += [markdown_table(["method", "speculation", "B", "rate (req/s)", "rounds", "tok/s", "speedup",
-                                "95% CI", "MAT", "rows/step", "latency mean / p50 / p99", "TPOT ms", "lossless"],
-                               body, align="llrrrrrrrrlrl"), ""]
+        out += [f"## {', '.join(f'{k} {v}' for k, v in zip(IDENTITY, ident))}", "", serving_table(rows), ""]
     return "\n".join(out)
+
+
+def serving_table(combined: list[dict]) -> str:
+    """The table of combined serving runs (combine), as printed after a run and written to serving.md."""
+    body = [[r["method"], r["speculation"], r["batch_size"],
+             f"{r['request_rate']:g}" if r["request_rate"] else "-", r["rounds"], f"{r['throughput']:.1f}",
+             speedup_cell(r), "-" if r["ci95"] is None else f"{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}",
+             f"{r['mat']:.2f}", f"{r['rows_per_step']:.1f}",
+             f"{r['latency_mean']:.2f} / {r['latency_p50']:.2f} / {r['latency_p99']:.2f}",
+             "-" if r["tpot_ms"] is None else f"{r['tpot_ms']:.1f}",
+             lossless.verdict_line(r["lossless"]) if r["lossless"].get("checked") else "unchecked"]
+            for r in combined]
+    return markdown_table(["method", "speculation", "B", "rate (req/s)", "rounds", "tok/s", "speedup", "95% CI",
+                           "MAT", "rows/step", "latency mean / p50 / p99", "TPOT ms", "lossless"],
+                          body, align="llrrrrrrrrlrl")
 
 
 def serving_plots(combined: list[dict], out: Path) -> list[Path]:

@@ -40,7 +40,6 @@ from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpe
 from specbench.inputs.chat import prompt_ids
 from specbench.inputs.models import resolve_dtype
 from specbench.inputs.tasks import WARMUP_QUESTION, load_task
-from specbench.markdown import markdown_table
 from specbench.registry import build_drafter
 
 
@@ -137,8 +136,7 @@ def _serve(cfg: dict, out_dir: Path) -> dict:
     summary = serving_summary(cfg, side, ar_side if with_ar else None, checks)
     summary["results_dir"] = str(out_dir)
     write_json_atomic(out_dir / "summary.json", summary)
-    print(serving_table([summary]))
-    print(f"results: {out_dir}")
+    print(f"results: {out_dir}")  # the table follows from report/serving_report.py (main.py)
     return summary
 
 
@@ -196,14 +194,3 @@ def serving_summary(cfg: dict, side: dict, ar_side: dict | None, checks: list[di
         "lossless_details": [c for c in checks if c["status"] != "exact" or c["tokens"]["tokens_outside_band"]],
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-
-
-def serving_table(summaries: list[dict]) -> str:
-    rows = []
-    for s in summaries:
-        rows.append([s["method"], s["batch_size"], s["request_rate"] if s["request_rate"] else "-", s["batch_speculation"],
-                     f"{s['throughput']:.1f}", f"{s['speedup']:.2f}x" if s.get("speedup") else "-", f"{s['mat']:.2f}",
-                     f"{s['latency_mean']:.2f} / {s['latency_p50']:.2f} / {s['latency_p99']:.2f}", s["tpot_ms"],
-                     lossless.verdict_line(s["lossless"]) if s["lossless"]["checked"] else "unchecked"])
-    return markdown_table(["method", "B", "rate (req/s)", "speculation", "tok/s", "speedup", "MAT",
-                           "latency mean / p50 / p99 (s)", "TPOT ms", "lossless"], rows, align="lrrlrrrlrl")
