@@ -5,6 +5,8 @@
 #
 #   bash scripts/long_sweep.sh        # PER_SUBTASK=2 (one prose, one code prompt per bucket; null: all 6)
 #                                     # COMPILE=off, BASELINE=shared, METHODS=..., OUT=results/cpu-long
+#   MODEL=gemma3-270m TASK_PATH=data/long-gemma3/long.jsonl CONTEXTS=16000,32000 PER_SUBTASK=1 \
+#     OUT=results/cpu-long-gemma3 bash scripts/long_sweep.sh      # Gemma-3's 16k and 32k buckets
 #
 # 1. profiles t(w) at the contexts the task meets (cached: every run's bound and the goodput choices of
 #    tr_adaptive and tr_fused read the curve at the step's own context); 2. one Hydra multirun over the
@@ -17,14 +19,17 @@ METHODS=${METHODS:-tr,tr_adaptive,tr_fused,pld,lookahead,rest,medusa,eagle,sps,s
 PER_SUBTASK=${PER_SUBTASK:-2}
 BASELINE=${BASELINE:-shared}
 COMPILE=${COMPILE:-off}
+MODEL=${MODEL:-smollm2-135m}
+TASK_PATH=${TASK_PATH:-null}  # null: data/long
+CONTEXTS=${CONTEXTS:-1024,2048,4096,7600}  # where t(w, L) is timed besides 400: the task's prompt lengths
 mkdir -p "$OUT"
 
 PROFILE=()
 [ "$COMPILE" = on ] && PROFILE=(--compile)
-[ -f "$OUT/cost_curve.json" ] || python scripts/profile_cost.py "${PROFILE[@]}" --widths 1,2,4,8,16,32,48,64,81 \
-  --contexts 1024,2048,4096,7600 --repeats 3 --out "$OUT/cost_curve.json"
+[ -f "$OUT/cost_curve.json" ] || python scripts/profile_cost.py --model "$MODEL" "${PROFILE[@]}" \
+  --widths 1,2,4,8,16,32,48,64,81 --contexts "$CONTEXTS" --repeats 3 --out "$OUT/cost_curve.json"
 
-python run.py -m method="$METHODS" task=long task.per_subtask="$PER_SUBTASK" max_new_tokens=64 \
+python run.py -m method="$METHODS" model="$MODEL" task=long task.path="$TASK_PATH" task.per_subtask="$PER_SUBTASK" max_new_tokens=64 \
   results_root="$OUT" cost_curve="$OUT/cost_curve.json" baseline="$BASELINE" compile="$COMPILE" progress=false
 
 python scripts/make_tables.py "$OUT"

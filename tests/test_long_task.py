@@ -86,6 +86,28 @@ def test_regenerating_gives_the_committed_files_byte_for_byte(real_model, tmp_pa
         assert (tmp_path / f.name).read_bytes() == f.read_bytes(), f.name
 
 
+def test_gemma_buckets_hold_what_they_say_within_its_window():
+    """data/long-gemma3: the 16k and 32k buckets SmolLM2's window cannot hold, counted with Gemma-3's
+    tokenizer when it was built (scripts/make_long_task.py --model gemma3-270m)."""
+    from specbench.inputs.models import named_model_config
+
+    layout = make.LAYOUTS["gemma3-270m"]
+    path = ROOT / layout.out / "long.jsonl"
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    qs = load_task({"name": "long", "kind": "long", "path": str(path)})
+    assert [q.question_id for q in qs] == [f"long-{kind}-{b}-{n}" for b in layout.buckets
+                                           for n in range(1, layout.per_kind + 1) for kind in ("prose", "code")]
+    window = named_model_config("gemma3-270m")["context_length"]
+    for r in records:
+        target = layout.buckets[r["subtask"]]
+        assert abs(r["input_tokens"] - target) <= make.TOLERANCE * target, r["question_id"]
+        assert r["input_tokens"] + cfg("task=long")["task"]["max_new_tokens"] < window
+    sources = [r["source"] for r in records if r["category"] == "long-code"]
+    assert len({s.split(" lines")[0] for s in sources}) == len(sources)  # each module once
+    readme = (path.parent / "README.md").read_text(encoding="utf-8")
+    assert "Gemma-3's 32,768-token window" in readme and "--model gemma3-270m --out data/long-gemma3" in readme
+
+
 def test_builder_fits_each_kind_to_a_bucket(real_model, spec_bench_path):
     """On the sample shipped with the tests, where the full question.jsonl is not at hand."""
     _, tok, _ = real_model
