@@ -7,6 +7,7 @@
 #                                     # COMPILE=off, BASELINE=shared, METHODS=..., OUT=results/cpu-long
 #   MODEL=gemma3-270m TASK_PATH=data/long-gemma3/long.jsonl CONTEXTS=16000,32000 PER_SUBTASK=1 \
 #     OUT=results/cpu-long-gemma3 bash scripts/long_sweep.sh      # Gemma-3's 16k and 32k buckets
+#     (not run on the 2-core CPU: one 32k prefill there takes over 10 minutes; see docs/results-log.md)
 #
 # 1. profiles t(w) at the contexts the task meets (cached: every run's bound and the goodput choices of
 #    tr_adaptive and tr_fused read the curve at the step's own context); 2. one Hydra multirun over the

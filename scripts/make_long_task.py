@@ -3,7 +3,8 @@
 window, 16k and 32k), counted with the model's own tokenizer and chat template as a run applies them
 (inputs/chat.py prompt_ids).
 
-Two kinds, three prompts of each per bucket, interleaved (per_subtask=2 takes one of each kind):
+Two kinds, three prompts of each per bucket (Gemma-3's: two), interleaved (per_subtask=2 takes one of
+each kind):
   long-prose  reading long text: a question over Spec-Bench's RAG passages (its own passages among
               those of other questions), or a summary of Spec-Bench's news articles, concatenated
   long-code   completing a function of a Python standard-library module (this interpreter's), given
