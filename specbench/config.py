@@ -125,27 +125,31 @@ NO_CURVE = (None, False, "off", "none")  # cost_curve settings that mean no curv
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What this machine makes of a run's settings, resolved once before anything loads (run/plan.py).
-    The run reads these, never the settings' `auto`s again; a step down mid-run (the compiled forward
-    failing as it loads) is a new plan (`stepped_down`), so no setting is rewritten in place."""
+    """A run's settings as this machine runs them, resolved once before anything loads (run/plan.py).
 
-    device: str  # cpu | cuda:N | mps
+    `settings` holds every `auto` resolved (device, dtype, max_new_tokens, host_memory, cost_curve);
+    beside it the two facts no setting names: the device's name and the forward this machine runs of
+    `compile`. The run reads these and never resolves or rewrites a setting again: a step down mid-run
+    (the compiled forward failing as it loads) is a new plan (`stepped_down`)."""
+
+    settings: RunConfig
     device_name: str  # as results record it (a GPU: its name; a CPU: its processor and threads)
-    dtype: str  # float32 | bfloat16 | float16: `auto` resolved by device and model
-    forward: str  # eager | compiled | compiled-packed: what this machine runs of `compile`
-    host_memory: str  # keep | system: what is in effect
-    max_new_tokens: int  # the task's where the settings leave it unset
-    cost_curve: Optional[str]  # the curve setting this forward can use
+    forward: str  # eager | compiled | compiled-packed
+
+    @property
+    def method(self) -> str:
+        return self.settings.method["name"]
 
     def stepped_down(self, forward: str) -> "RunPlan":
         """The plan once the engine went on `forward` instead: a curve file measured on the planned
         forward no longer fits, so a quick curve on its own is measured instead."""
-        return dataclasses.replace(self, forward=forward,
-                                   cost_curve="off" if self.cost_curve in NO_CURVE else "auto")
+        curve = "off" if self.settings.cost_curve in NO_CURVE else "auto"
+        return dataclasses.replace(self, forward=forward, settings=dataclasses.replace(self.settings, cost_curve=curve))
 
-    def applied(self, cfg: dict) -> dict:
-        """The settings as this plan runs them: what run_config.json records and identities read."""
-        return {**cfg, **dataclasses.asdict(self)}
+    def recorded(self) -> dict:
+        """The settings as run_config.json records them (and reports and wandb read them): plain
+        values, the device's name and the forward beside them."""
+        return {**dataclasses.asdict(self.settings), "device_name": self.device_name, "forward": self.forward}
 
 
 def with_defaults(schema: type, given: dict) -> dict:
@@ -162,3 +166,24 @@ def typed(schema: type, given):
     if isinstance(given, schema):
         return given
     return schema(**with_defaults(schema, dict(given or {})))
+
+
+RUN_PARTS = {"model": ModelConfig, "task": TaskConfig, "lossless": LosslessConfig, "wandb": WandbConfig}
+
+
+def run_config(given) -> RunConfig:
+    """The run's settings (Hydra's plain dict, one written by hand, or a RunConfig) as a RunConfig with
+    its model, task, lossless and wandb parts typed too; the method stays `{name, its settings}`, which
+    the method's own Settings check. A key no setting has raises TypeError naming it."""
+    if isinstance(given, RunConfig):
+        return given
+    d = dict(given)
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(RunConfig)})
+    if unknown:
+        raise TypeError(f"no run setting is called {', '.join(unknown)}")
+    for key, schema in RUN_PARTS.items():
+        if key in d:
+            d[key] = typed(schema, d[key])
+    if "method" in d:
+        d["method"] = dict(d["method"])
+    return typed(RunConfig, d)

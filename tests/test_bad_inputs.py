@@ -26,7 +26,7 @@ from specbench.run import plan, single, target
 from specbench.errors import SettingsError
 from specbench.inputs.models import resolve_device, run_dtype
 from specbench.registry import available_methods, drafter_class
-from tests.test_config import CONF
+from tests.test_config import CONF, plan_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_S = 10.0
@@ -110,9 +110,8 @@ def make_inputs(tmp: Path) -> None:
     with initialize_config_dir(config_dir=CONF, version_base=None):
         other = OmegaConf.to_container(compose("config", overrides=["temperature=0.7"]), resolve=True)
     device = resolve_device("auto")
-    other.update(max_new_tokens=other["task"]["max_new_tokens"], device=str(device),
-                 dtype=run_dtype(other["dtype"], device, other["model"]))  # as prepared_settings resolves it
-    identity = plan.run_identity(other)
+    identity = plan.run_identity(plan_of(other, max_new_tokens=other["task"]["max_new_tokens"], device=str(device),
+                                         dtype=run_dtype(other["dtype"], device, other["model"])))  # as plan_run resolves it
     (tmp / "other_run" / "run_config.json").write_text(json.dumps({"identity": identity}))
     (tmp / "garbage_store").mkdir()
     for name in ("meta.json", "tokens.npy", "sa.npy"):

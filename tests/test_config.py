@@ -15,8 +15,33 @@ CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def cfg(*overrides):
+    """The settings as run.py hands them on: Hydra's plain dict."""
     with initialize_config_dir(config_dir=CONF, version_base=None):
         return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+
+
+def plan_of(given, device_name: str = "x86_64 (2 threads)", forward: str = "eager", **settings):
+    """A RunPlan made by hand, not resolved on this machine: `given` (a dict, perhaps partial) typed,
+    `settings` changed in it."""
+    import dataclasses
+
+    from specbench.config import RunPlan
+    from specbench.run.plan import run_settings
+
+    return RunPlan(settings=dataclasses.replace(run_settings(given), **settings), device_name=device_name,
+                   forward=forward)
+
+
+def test_settings_are_typed_once_and_a_stray_key_is_refused():
+    from specbench.config import ModelConfig, RunConfig, TaskConfig
+    from specbench.run.plan import run_settings
+
+    s = run_settings(cfg("method=pld", "method.max_ngram_size=4"))
+    assert isinstance(s, RunConfig) and isinstance(s.model, ModelConfig) and isinstance(s.task, TaskConfig)
+    assert s.method == {"name": "pld", **{k: v for k, v in s.method.items() if k != "name"}}
+    assert s.method["max_ngram_size"] == 4 and run_settings(s) is s
+    with pytest.raises(SettingsError, match="no run setting is called temprature"):
+        run_benchmark(dict(cfg(), temprature=0.7))
 
 
 def test_default_config_composes():

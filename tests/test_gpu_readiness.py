@@ -226,13 +226,13 @@ def test_a_recompile_past_the_limit_fails_the_run_instead_of_going_eager(tiny_ll
 
 def test_results_identity_names_the_gpu():
     from specbench.run.plan import identity
+    from tests.test_config import plan_of
 
-    cfg = {"model": {"name": "vicuna-7b"}, "task": {"name": "spec_bench"}, "max_new_tokens": 8,
-           "temperature": 0.0, "top_k": 0, "top_p": 1.0, "dtype": "float16", "seed": 0}
-    a100 = identity({**cfg, "device": "cuda", "device_name": "NVIDIA A100-SXM4-80GB"})
-    h100 = identity({**cfg, "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"})
+    cfg = {"model": {"name": "vicuna-7b"}, "task": {"name": "spec_bench"}, "max_new_tokens": 8, "dtype": "float16"}
+    a100 = identity(plan_of(cfg, "NVIDIA A100-SXM4-80GB", device="cuda"))
+    h100 = identity(plan_of(cfg, "NVIDIA H100 80GB HBM3", device="cuda"))
     assert a100 != h100
-    cpu = identity({**cfg, "device": "cpu", "device_name": "x86_64 (2 threads)"})
+    cpu = identity(plan_of(cfg, "x86_64 (2 threads)", device="cpu"))
     assert "device_name" not in cpu  # the CPU's results keep the identity they were made with
 
 

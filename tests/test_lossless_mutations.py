@@ -215,15 +215,15 @@ def test_the_identity_names_code_questions_check_and_threads(tmp_path):
     import json
 
     from specbench.run import plan as runner
-    from tests.test_config import cfg
+    from tests.test_config import cfg, plan_of
 
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"question_id": 1, "category": "qa", "turns": ["Hi?"]}\n')
-    c = cfg("task=spec_bench", f"task.path={questions}")
+    c = plan_of(cfg("task=spec_bench", f"task.path={questions}"))
     ident = runner.identity(c)
     assert len(ident["code_version"]) == 12 and ident["threads"] == torch.get_num_threads()
     assert ident["lossless_check"] is True and len(ident["task_sha256"]) == 64
-    assert runner.identity(cfg())["task_sha256"] is None  # a built-in task
+    assert runner.identity(plan_of(cfg()))["task_sha256"] is None  # a built-in task
     questions.write_text('{"question_id": 1, "category": "qa", "turns": ["Hello?"]}\n')
     assert runner.identity(c)["task_sha256"] != ident["task_sha256"]  # same path, other questions
     # an identity committed before these keys: a resume refuses it, a reader of finished answers accepts
@@ -249,7 +249,9 @@ def test_ar_and_the_method_alternate_who_goes_first(tmp_path):
 
     from specbench.inputs.tasks import load_task
     questions = load_task({"name": "mini", "kind": "mini", "limit": 4})
-    run = FakeRun({"method": {"name": "tr"}, "progress": False, "lossless": {"check": False}},
+    from tests.test_config import plan_of
+
+    run = FakeRun(plan_of({"method": {"name": "tr"}, "progress": False, "lossless": {"check": False}}),
                   questions, tmp_path, {})
     run.drafter, run.ar = "tr", "ar"
     runner.answer_questions(run, baselines.Interleaved(tmp_path / "baseline_answers.jsonl"))

@@ -106,9 +106,10 @@ def record(rows, lengths, subtask="qa"):
 def test_summary_and_table_report_the_ratio_when_the_curve_has_machine_figures():
     from specbench.run.single import format_table, summarize
 
-    cfg = {"method": {"name": "tr"}, "model": {"name": "m"}, "task": {"name": "t"}, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
-           "dtype": "float32", "device_name": "cpu", "max_new_tokens": 8, "baseline": "interleave", "warmup": 0, "warmup_on": "builtin",
-           "forward": "eager", "host_memory": "keep"}
+    from tests.test_config import plan_of
+
+    cfg = plan_of({"method": {"name": "tr"}, "model": {"name": "m"}, "task": {"name": "t"}, "dtype": "float32",
+                   "max_new_tokens": 8, "warmup": 0}, device_name="cpu")
     recs, base = [record([81, 81], [3, 1])], [record([1, 1], [1, 1])]
     with_rl = CostCurve(widths=[1, 81], times=[0.3, 2.0], context_len=1000, roofline=RL)
     s = summarize(cfg, recs, base, [], with_rl)

@@ -107,12 +107,12 @@ def test_the_runner_releases_its_lock_when_the_run_is_done(tmp_path):
     """open_run_directory's lock lives as long as its Run: a Hydra multirun's next job on the same
     directory (the same process) and a later process both get in."""
     from specbench.run import single as runner
-    from tests.test_config import cfg as compose
+    from tests.test_config import cfg as compose, plan_of
 
-    cfg = compose(f"results_dir={tmp_path}/run", "task.limit=1")
-    cfg.update(max_new_tokens=8, device="cpu", dtype="float32")
-    run = runner.open_run_directory(cfg)
-    again = runner.open_run_directory(cfg)  # the same process: shared, not refused
+    plan = plan_of(compose(f"results_dir={tmp_path}/run", "task.limit=1"), max_new_tokens=8, device="cpu",
+                   dtype="float32")
+    run = runner.open_run_directory(plan)
+    again = runner.open_run_directory(plan)  # the same process: shared, not refused
     del run
     out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
                           "from specbench.run.run_lock import lock_run_directory as l; l(sys.argv[2])",
@@ -193,19 +193,20 @@ def test_a_corrupt_results_file_is_one_line_naming_it(tmp_path):
 # -- no silent truncation -------------------------------------------------------------------------------
 
 def test_a_missing_request_is_a_mismatch_in_a_serving_run():
-    from specbench.run.serving import check_requests
     from specbench.inputs.questions import Question
+    from specbench.run.plan import run_settings
+    from specbench.run.serving import check_requests
 
     q = Question("q1", "qa", ["hi"])
-    checks = check_requests({"max_new_tokens": 4, "dtype": "float32"}, None, None, [[1, 2]], [q], [])
-    stray = check_requests({"max_new_tokens": 4, "dtype": "float32"}, None, None, [], [],
-                           [{"question_id": "elsewhere", "tokens": [3]}])
+    cfg = run_settings({"max_new_tokens": 4, "dtype": "float32"})
+    checks = check_requests(cfg, None, None, [[1, 2]], [q], [])
+    stray = check_requests(cfg, None, None, [], [], [{"question_id": "elsewhere", "tokens": [3]}])
     for c in checks + stray:
         assert c["status"] == "mismatch"
     tally = lossless.tally(checks + stray)
     assert tally["mismatches"] == 2 and tally["checked"] == 2
     with pytest.raises(ValueError):  # prompts and questions always pair up
-        check_requests({"max_new_tokens": 4, "dtype": "float32"}, None, None, [], [q], [])
+        check_requests(cfg, None, None, [], [q], [])
 
 
 def test_a_serving_run_counts_a_length_difference_and_exits_non_zero(monkeypatch):
@@ -214,6 +215,7 @@ def test_a_serving_run_counts_a_length_difference_and_exits_non_zero(monkeypatch
     from specbench.inputs.questions import Question
     from specbench.main import main_exit_code
     from specbench.run import serving
+    from specbench.run.plan import run_settings
 
     refs = iter([[5, 6], [8, 9]])
 
@@ -225,7 +227,7 @@ def test_a_serving_run_counts_a_length_difference_and_exits_non_zero(monkeypatch
     qs = [Question("q1", "qa", ["a"]), Question("q2", "qa", ["b"])]
     requests = [{"question_id": "q1", "tokens": [5, 6, 7]}, {"question_id": "q2", "tokens": [8, 9]}]
     cfg = {"max_new_tokens": 4, "dtype": "float32", "lossless": {"check": True}}
-    checks = serving.check_requests(cfg, None, Reference(), [[1], [2]], qs, requests)
+    checks = serving.check_requests(run_settings(cfg), None, Reference(), [[1], [2]], qs, requests)
     assert [c["status"] for c in checks] == ["mismatch", "exact"]
     assert main_exit_code({"lossless": lossless.tally(checks, 2)}, cfg) == 1
 

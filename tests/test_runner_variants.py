@@ -8,13 +8,14 @@ import pytest
 from specbench.errors import SettingsError
 from specbench.run.plan import check_identity, method_variant, results_dir_for
 from specbench.main import main_exit_code
+from specbench.run.plan import run_settings
 from tests.test_config import cfg
 
 
 def _cfg(*overrides):
     c = cfg(*overrides)
     c["max_new_tokens"] = c["max_new_tokens"] or 32
-    return c
+    return run_settings(c)
 
 
 def test_default_settings_have_no_variant_label():

@@ -64,11 +64,12 @@ def test_a_drafter_pool_reuses_finished_drafters_and_shares_learned_state():
 
 def test_serving_true_makes_batch_size_one_a_serving_run(tmp_path):
     """A batch-size sweep's first point decodes on the batched engine, not the single-request one."""
+    from specbench.run.plan import run_settings
     from specbench.run.serving import serving_dir
     from specbench.run.settings import is_serving_run
 
-    assert not is_serving_run(serving_cfg(tmp_path, "method=pld"))
-    c = serving_cfg(tmp_path, "method=pld", "serving=true")
+    assert not is_serving_run(run_settings(serving_cfg(tmp_path, "method=pld")))
+    c = run_settings(serving_cfg(tmp_path, "method=pld", "serving=true"))
     assert is_serving_run(c) and serving_dir(c).name == "pld-t0-m24-b1"
 
 

@@ -18,7 +18,7 @@ def test_multirun_gives_each_run_its_own_directory():
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from specbench.run.plan import results_dir_for
+    from specbench.run.plan import results_dir_for, run_settings
 
     overrides = OverridesParser.create().parse_overrides(["method=ar,tr,pld", "repeat=0,1", "max_new_tokens=32"])
     jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
@@ -27,7 +27,7 @@ def test_multirun_gives_each_run_its_own_directory():
     for job in jobs:
         with initialize_config_dir(config_dir=CONF, version_base=None):
             c = OmegaConf.to_container(compose("config", overrides=list(job)), resolve=True)
-        dirs.add(str(results_dir_for(c, c["method"]["name"])))
+        dirs.add(str(results_dir_for(run_settings(c), c["method"]["name"])))
     assert dirs == {f"results/smollm2-135m/mini/{m}-t0-m32{r}" for m in ("ar", "tr", "pld") for r in ("", "-r1")}
 
 
@@ -77,9 +77,10 @@ def test_shared_baseline_refuses_other_settings(tmp_path):
 
 
 def test_shared_is_a_valid_baseline_mode():
+    from specbench.run.plan import run_settings
     from specbench.run.settings import validate
     from tests.test_config import cfg
 
     c = cfg("baseline=shared")
     c["max_new_tokens"] = 8
-    validate(c)
+    validate(run_settings(c))

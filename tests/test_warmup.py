@@ -59,8 +59,7 @@ def test_after_warmup_every_drafter_equals_a_fresh_one(method, real_model):
     model, tok, eos = real_model
     engine = Engine(model, eos)
     fresh, warmed = _build(method, model), _build(method, model)
-    cfg = {"warmup": 1, "warmup_on": "builtin"}
-    warm_up(cfg, engine, [warmed], tok, list(MINI), "auto", 12, None)
+    warm_up(1, "builtin", engine, [warmed], tok, list(MINI), "auto", 12, None)
     assert state_of(warmed) == state_of(fresh), f"{method} keeps state from the warm-up"
 
 
@@ -69,5 +68,5 @@ def test_first_question_warmup_is_spec_bench_s_and_leaks(real_model):
     model, tok, eos = real_model
     engine = Engine(model, eos)
     tr = _build("tr", model)
-    warm_up({"warmup": 1, "warmup_on": "first_question"}, engine, [tr], tok, [MINI[0]], "auto", 8, None)
+    warm_up(1, "first_question", engine, [tr], tok, [MINI[0]], "auto", 8, None)
     assert int(tr.matrix.count_nonzero()) > 0

@@ -4,6 +4,7 @@ never mixes answers made with other settings, code, questions or threads)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 
 from specbench.decoding.forward_choice import choose_forward
-from specbench.config import NO_CURVE, RunPlan
+from specbench.config import NO_CURVE, RunConfig, RunPlan, run_config
 from specbench.errors import SettingsError
 from specbench.inputs.models import file_sha256, resolve_device, resolve_dtype, run_dtype
 from specbench.registry import drafter_class
@@ -24,10 +25,10 @@ from specbench.run.settings import method_params, validate
 from specbench.timing import device_name
 
 
-def method_variant(cfg: dict) -> str:
+def method_variant(cfg: RunConfig) -> str:
     """The method settings that differ from its defaults (its Settings dataclass), as a short directory
     label ('' for the defaults), so `-m method.k=4,8` gives each setting its own results directory."""
-    defaults = drafter_class(cfg["method"]["name"]).parameters()
+    defaults = drafter_class(cfg.method["name"]).parameters()
     changed = {k: v for k, v in sorted(method_params(cfg).items()) if defaults.get(k, object()) != v}
     if not changed:
         return ""
@@ -37,27 +38,25 @@ def method_variant(cfg: dict) -> str:
     return "~" + label
 
 
-def results_dir_for(cfg: dict, method: str) -> Path:
-    if cfg["results_dir"] and method == cfg["method"]["name"]:
-        return Path(cfg["results_dir"])
-    t = cfg["task"]
-    subtasks = t.get("subtasks")
-    task = (t["name"] + (f"-{'+'.join([subtasks] if isinstance(subtasks, str) else subtasks)}" if subtasks else "")
-            + (f"-ps{t['per_subtask']}" if t.get("per_subtask") else "")
-            + (f"-l{t['limit']}" if t.get("limit") else ""))
-    filt = (f"-k{cfg['top_k']}" if cfg["top_k"] else "") + (
-        f"-p{cfg['top_p']:g}" if cfg["top_p"] < 1 else "")
-    rep = f"-r{cfg['repeat']}" if cfg["repeat"] else ""  # repeated runs: -r1, -r2, ...
+def results_dir_for(cfg: RunConfig, method: str) -> Path:
+    if cfg.results_dir and method == cfg.method["name"]:
+        return Path(cfg.results_dir)
+    t = cfg.task
+    subtasks = t.subtasks
+    task = (t.name + (f"-{'+'.join([subtasks] if isinstance(subtasks, str) else subtasks)}" if subtasks else "")
+            + (f"-ps{t.per_subtask}" if t.per_subtask else "") + (f"-l{t.limit}" if t.limit else ""))
+    filt = (f"-k{cfg.top_k}" if cfg.top_k else "") + (f"-p{cfg.top_p:g}" if cfg.top_p < 1 else "")
+    rep = f"-r{cfg.repeat}" if cfg.repeat else ""  # repeated runs: -r1, -r2, ...
     # a half-precision run beside its float32 twin (a dtype sweep): -bf16, -fp16; float32 and auto
     # keep the names every committed result has
-    rep = {"bfloat16": "-bf16", "float16": "-fp16"}.get(cfg["dtype"], "") + rep
+    rep = {"bfloat16": "-bf16", "float16": "-fp16"}.get(cfg.dtype, "") + rep
     variant = ""
-    if method == cfg["method"]["name"]:
+    if method == cfg.method["name"]:
         variant = method_variant(cfg)
-        if method != "ar" and cfg["warmup_on"] != "builtin":  # AR learns nothing
-            variant += f"~warmup_on={cfg['warmup_on']}"
-    return (Path(cfg["results_root"]) / cfg["model"]["name"] / task
-            / f"{method}-t{cfg['temperature']:g}{filt}-m{cfg['max_new_tokens']}{rep}{variant}")
+        if method != "ar" and cfg.warmup_on != "builtin":  # AR learns nothing
+            variant += f"~warmup_on={cfg.warmup_on}"
+    return (Path(cfg.results_root) / cfg.model.name / task
+            / f"{method}-t{cfg.temperature:g}{filt}-m{cfg.max_new_tokens}{rep}{variant}")
 
 
 _CODE_VERSION: str | None = None
@@ -85,35 +84,35 @@ def task_sha256(path) -> str | None:
     return file_sha256(Path(path))
 
 
-def identity(cfg: dict) -> dict:
+def identity(plan: RunPlan) -> dict:
+    cfg = plan.settings
     return {
-        "model": cfg["model"]["name"], "model_path": cfg["model"].get("path"),
-        "task": cfg["task"]["name"], "task_path": cfg["task"].get("path"),
-        "subtasks": cfg["task"].get("subtasks"), "per_subtask": cfg["task"].get("per_subtask"),
-        "limit": cfg["task"].get("limit"), "max_new_tokens": cfg["max_new_tokens"],
-        "temperature": cfg["temperature"], "top_k": cfg["top_k"], "top_p": cfg["top_p"],
-        "dtype": cfg["dtype"], "device": str(cfg["device"]),
+        "model": cfg.model.name, "model_path": cfg.model.path,
+        "task": cfg.task.name, "task_path": cfg.task.path,
+        "subtasks": cfg.task.subtasks, "per_subtask": cfg.task.per_subtask,
+        "limit": cfg.task.limit, "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+        "dtype": cfg.dtype, "device": cfg.device,
         # a GPU's answers and timings are its own: an A100's AR never pairs with an H100's method
-        **({"device_name": cfg.get("device_name")} if str(cfg["device"]).startswith("cuda") else {}),
-        "seed": cfg["seed"],
+        **({"device_name": plan.device_name} if cfg.device.startswith("cuda") else {}),
+        "seed": cfg.seed,
         # answers from the compiled forward are kept apart from eager ones (older runs: eager, no key)
-        # (settings not yet planned, as the reports and tests read them: the eager forward)
-        **({"forward": cfg["forward"]} if cfg.get("forward", "eager") != "eager" else {}),
+        **({"forward": plan.forward} if plan.forward != "eager" else {}),
         # the code, the questions' contents, whether answers were checked and the machine's thread count:
         # a resume never mixes answers of another code, question file, check setting or thread count
-        "code_version": code_version(), "task_sha256": task_sha256(cfg["task"].get("path")),
-        "lossless_check": bool((cfg.get("lossless") or {}).get("check", True)),
+        "code_version": code_version(), "task_sha256": task_sha256(cfg.task.path),
+        "lossless_check": bool(cfg.lossless.check),
         "threads": torch.get_num_threads(),
     }
 
 
-def run_identity(cfg: dict) -> dict:
+def run_identity(plan: RunPlan) -> dict:
     """What a run's own answers depend on: the shared settings (identity), the method and its
     settings, and for a learning drafter what it warmed up on (AR's answers depend on neither)."""
-    method = cfg["method"]["name"]
-    ident = dict(identity(cfg), method=method, method_params=method_params(cfg))
+    cfg, method = plan.settings, plan.method
+    ident = dict(identity(plan), method=method, method_params=method_params(cfg))
     if method != "ar":
-        ident["warmup_on"] = cfg["warmup_on"]
+        ident["warmup_on"] = cfg.warmup_on
     ident.update(drafter_class(method).resource_identity(method_params(cfg)))
     return ident
 
@@ -142,34 +141,41 @@ def check_identity(path: Path, ident: dict, config_file: str = "run_config.json"
             )
 
 
-def plan_run(cfg: dict) -> RunPlan:
-    """Every setting checked before anything loads, then what this machine makes of them: the device,
-    the dtype, the forward it can run (forward_choice.py), the host memory policy, the names results
-    record."""
-    max_new = cfg["max_new_tokens"] if cfg["max_new_tokens"] is not None else cfg["task"]["max_new_tokens"]
-    validate(dict(cfg, max_new_tokens=max_new))  # every setting, method settings included
-    torch.manual_seed(cfg["seed"])
-    device = resolve_device(cfg["device"])
-    dtype = run_dtype(cfg["dtype"], device, cfg["model"])  # auto: by device and model (results name it)
+def run_settings(given) -> RunConfig:
+    """The run's settings typed (`given`: Hydra's plain dict, one written by hand, or a RunConfig);
+    a key that is no setting is refused in one line."""
+    try:
+        return run_config(given)
+    except TypeError as e:
+        raise SettingsError(f"{e}; the run's settings are specbench/config.py's RunConfig") from None
+
+
+def plan_run(given) -> RunPlan:
+    """Every setting checked before anything loads (`given`: as run_settings takes it), then what this
+    machine makes of them: the device, the dtype, the forward it can run (forward_choice.py), the host
+    memory policy, the names results record."""
+    cfg = run_settings(given)
+    max_new = cfg.max_new_tokens if cfg.max_new_tokens is not None else cfg.task.max_new_tokens
+    cfg = dataclasses.replace(cfg, max_new_tokens=max_new)
+    validate(cfg)  # every setting, method settings included
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    dtype = run_dtype(cfg.dtype, device, cfg.model)  # auto: by device and model (results name it)
     forward, curve = choose_run_forward(cfg, device, resolve_dtype(dtype))
-    return RunPlan(device=str(device), device_name=device_name(device), dtype=dtype, forward=forward,
-                   host_memory=apply_host_memory(cfg["host_memory"]), max_new_tokens=max_new, cost_curve=curve)
+    settings = dataclasses.replace(cfg, device=str(device), dtype=dtype, cost_curve=curve,
+                                   host_memory=apply_host_memory(cfg.host_memory))
+    return RunPlan(settings=settings, device_name=device_name(device), forward=forward)
 
 
-def prepared_settings(cfg: dict) -> dict:
-    """The settings as this machine runs them (`plan_run`'s plan applied)."""
-    return plan_run(cfg).applied(cfg)
-
-
-def choose_run_forward(cfg: dict, device, dtype) -> tuple[str, str | None]:
+def choose_run_forward(cfg: RunConfig, device, dtype) -> tuple[str, str | None]:
     """(forward, cost_curve): the forward this run gets on this machine (forward_choice.choose_forward),
     each step down from what the settings ask for said in one line, and the curve setting it can use (a
     curve file measured on the forward asked for no longer fits a run that stepped down: it measures a
     quick curve on its own instead)."""
-    choice = choose_forward(cfg["compile"], cfg["compile_products"], device, dtype)
+    choice = choose_forward(cfg.compile, cfg.compile_products, device, dtype)
     for line in choice.warnings:
         print(line, file=sys.stderr)
-    curve = cfg["cost_curve"]
+    curve = cfg.cost_curve
     if choice.warnings and curve not in (*NO_CURVE, "auto"):
         print(f"warning: cost_curve {curve} was measured on another forward: this run measures "
               "a quick curve on its own", file=sys.stderr)

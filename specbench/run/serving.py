@@ -26,19 +26,17 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from specbench.run import lossless
 from specbench.run.results_io import make_directory, read_json, write_json_atomic
 from specbench.run.run_lock import lock_run_directory
 from specbench.run.serving_metrics import poisson_arrivals, serving_figures
-from specbench.run.plan import check_identity, identity, prepared_settings, results_dir_for
+from specbench.config import RunConfig, RunPlan
+from specbench.run.plan import check_identity, identity, plan_run, results_dir_for
 from specbench.run.settings import check_prompts_fit, method_params, model_context_length
 from specbench.run.target import load_engine, method_drafter_factory, run_cost_curve
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
 from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost
 from specbench.inputs.chat import prompt_ids
-from specbench.inputs.models import resolve_dtype
 from specbench.inputs.tasks import WARMUP_QUESTION, load_task
 from specbench.registry import build_drafter
 
@@ -47,65 +45,62 @@ SERVING_CONFIG = "serving_config.json"  # not run_config.json: the single-reques
 # (report/serving_report.py finds serving runs by this name)
 
 
-def serving_dir(cfg: dict) -> Path:
+def serving_dir(cfg: RunConfig) -> Path:
     """The run's directory: the single-request run's name under serving/, with the load it was given."""
 
-    if cfg["results_dir"]:
-        return Path(cfg["results_dir"])
-    single = results_dir_for(cfg, cfg["method"]["name"])
+    if cfg.results_dir:
+        return Path(cfg.results_dir)
+    single = results_dir_for(cfg, cfg.method["name"])
     name, _, variant = single.name.partition("~")
-    load = f"-b{cfg['batch_size']}" + (f"-rps{cfg['request_rate']:g}" if cfg["request_rate"] is not None else "")
-    spec = "-goodput" if cfg["batch_speculation"] == "goodput" else ""
+    load = f"-b{cfg.batch_size}" + (f"-rps{cfg.request_rate:g}" if cfg.request_rate is not None else "")
+    spec = "-goodput" if cfg.batch_speculation == "goodput" else ""
     return single.parent / "serving" / (name + load + spec + (f"~{variant}" if variant else ""))
 
 
-def serving_identity(cfg: dict) -> dict:
+def serving_identity(plan: RunPlan) -> dict:
+    cfg = plan.settings
+    return dict(identity(plan), method=plan.method, method_params=method_params(cfg),
+                batch_size=cfg.batch_size, request_rate=cfg.request_rate,
+                batch_speculation=cfg.batch_speculation)
 
-    return dict(identity(cfg), method=cfg["method"]["name"], method_params=method_params(cfg),
-                batch_size=cfg["batch_size"], request_rate=cfg["request_rate"],
-                batch_speculation=cfg["batch_speculation"])
 
-
-def run_serving(cfg: dict) -> dict:
+def run_serving(cfg: RunConfig) -> dict:
     """Both sides timed, every output checked, summary written and printed. Returns the summary."""
-
-    cfg = dict(cfg)
-    eager_by_choice = cfg["compile"] == "auto"
+    eager_by_choice = cfg.compile == "auto"
     if eager_by_choice:  # the compiled forward's static cache holds one request (compile=on is refused)
-        cfg["compile"] = "off"
-    cfg = prepared_settings(cfg)  # every setting checked before anything loads
+        cfg = dataclasses.replace(cfg, compile="off")
+    plan = plan_run(cfg)  # every setting checked before anything loads
     if eager_by_choice:
         print("note: batched runs use the eager forward", file=sys.stderr)
-    out_dir = make_directory(serving_dir(cfg))
+    out_dir = make_directory(serving_dir(plan.settings))
     lock = lock_run_directory(out_dir)  # one run per directory, held until this run returns
     try:
-        return _serve(cfg, out_dir)
+        return _serve(plan, out_dir)
     finally:
         lock.release()
 
 
-def _serve(cfg: dict, out_dir: Path) -> dict:
-
-    ident = serving_identity(cfg)
+def _serve(plan: RunPlan, out_dir: Path) -> dict:
+    cfg, method = plan.settings, plan.method
+    ident = serving_identity(plan)
     check_identity(out_dir, ident, SERVING_CONFIG)
-    write_json_atomic(out_dir / SERVING_CONFIG, {"identity": ident, "config": cfg})
+    write_json_atomic(out_dir / SERVING_CONFIG, {"identity": ident, "config": plan.recorded()})
 
-    device, method = torch.device(cfg["device"]), cfg["method"]["name"]
-    model, tok, engine = load_engine(cfg, device, resolve_dtype(cfg["dtype"]))
-    questions = load_task(cfg["task"])
-    template = cfg["model"]["chat_template"]
+    model, tok, engine = load_engine(plan)
+    questions = load_task(cfg.task)
+    template = cfg.model.chat_template
     prompts = [prompt_ids(tok, [{"role": "user", "content": q.turns[0]}], template) for q in questions]
     # a request that with max_new_tokens runs past the window is refused before anything is timed
     check_prompts_fit([(q.question_id, q.subtask, len(p)) for q, p in zip(questions, prompts)],
-                      cfg["max_new_tokens"], engine.context_length or model_context_length(cfg["model"]),
-                      cfg["model"]["name"])
-    arrivals = poisson_arrivals(len(prompts), cfg["request_rate"], cfg["seed"])
+                      cfg.max_new_tokens, engine.context_length or model_context_length(cfg.model),
+                      cfg.model.name)
+    arrivals = poisson_arrivals(len(prompts), cfg.request_rate, cfg.seed)
     curve = run_cost_curve(cfg, model, engine)
     build = method_drafter_factory(cfg, model, curve)
     batched = BatchedEngine(model, engine.eos)
     policy = lambda: FixedSpeculation()  # noqa: E731
-    if cfg["batch_speculation"] == "goodput":
-        cost = batch_cost(out_dir, model, cfg["batch_size"])
+    if cfg.batch_speculation == "goodput":
+        cost = batch_cost(out_dir, model, cfg.batch_size)
         policy = lambda: BatchGoodput(cost)  # noqa: E731
 
     def timed(build_drafter_, name: str) -> dict:
@@ -113,15 +108,15 @@ def _serve(cfg: dict, out_dir: Path) -> dict:
         if path.is_file():  # finished before an interruption: its timing stands
             return read_json(path)  # a request missing from it fails the check (check_requests)
         warm = [Request(prompt_ids(tok, [{"role": "user", "content": WARMUP_QUESTION.turns[0]}], template),
-                        cfg["max_new_tokens"], DrafterPool(build_drafter_))] * min(2, cfg["batch_size"])
-        for _ in range(min(cfg["warmup"], 1)):
-            batched.generate(warm, cfg["batch_size"], policy())
+                        cfg.max_new_tokens, DrafterPool(build_drafter_))] * min(2, cfg.batch_size)
+        for _ in range(min(cfg.warmup, 1)):
+            batched.generate(warm, cfg.batch_size, policy())
         pool = DrafterPool(build_drafter_)  # fresh drafters: the warm-up's learning is thrown away
         chosen = policy()
-        result = batched.generate([Request(p, cfg["max_new_tokens"], pool, None, a)
-                                   for p, a in zip(prompts, arrivals, strict=True)], cfg["batch_size"], chosen)
+        result = batched.generate([Request(p, cfg.max_new_tokens, pool, None, a)
+                                   for p, a in zip(prompts, arrivals, strict=True)], cfg.batch_size, chosen)
         margin = {"min_gain": chosen.min_gain} if isinstance(chosen, BatchGoodput) and name == "method" else {}
-        side = {"figures": serving_figures(result), "policy": cfg["batch_speculation"] if name == "method" else "fixed",
+        side = {"figures": serving_figures(result), "policy": cfg.batch_speculation if name == "method" else "fixed",
                 **margin,
                 "requests": [dict(dataclasses.asdict(r), question_id=q.question_id)
                              for r, q in zip(result.records, questions, strict=True)],
@@ -129,11 +124,11 @@ def _serve(cfg: dict, out_dir: Path) -> dict:
         write_json_atomic(path, side)
         return side
 
-    with_ar = method != "ar" and cfg["baseline"] != "none"
+    with_ar = method != "ar" and cfg.baseline != "none"
     ar_side = timed(lambda: build_drafter("ar"), "ar") if with_ar or method == "ar" else None
     side = ar_side if method == "ar" else timed(build, "method")
-    checks = check_requests(cfg, model, engine, prompts, questions, side["requests"]) if cfg["lossless"]["check"] else []
-    summary = serving_summary(cfg, side, ar_side if with_ar else None, checks)
+    checks = check_requests(cfg, model, engine, prompts, questions, side["requests"]) if cfg.lossless.check else []
+    summary = serving_summary(plan, side, ar_side if with_ar else None, checks)
     summary["results_dir"] = str(out_dir)
     write_json_atomic(out_dir / "summary.json", summary)
     print(f"results: {out_dir}")  # the table follows from report/serving_report.py (main.py)
@@ -149,7 +144,7 @@ def batch_cost(out_dir: Path, model, batch_size: int) -> BatchCost:
     return BatchCost.load(measure_batch_cost(model, batches=tuple(batches)).save(path))
 
 
-def check_requests(cfg: dict, model, engine, prompts, questions, requests: list[dict]) -> list[dict]:
+def check_requests(cfg: RunConfig, model, engine, prompts, questions, requests: list[dict]) -> list[dict]:
     """Each request against its batch-size-1 AR output, and every emitted token against the target's choice.
     A question without its request, or a request of no question, is a mismatch (nothing is skipped)."""
     checks = []
@@ -162,11 +157,11 @@ def check_requests(cfg: dict, model, engine, prompts, questions, requests: list[
         if r is None:
             checks.append(missing_request(q.question_id, "no request recorded for this question"))
             continue
-        ref = engine.generate(p, build_drafter("ar"), cfg["max_new_tokens"]).tokens
+        ref = engine.generate(p, build_drafter("ar"), cfg.max_new_tokens).tokens
         ar_rec = {"turns": [{"prompt_ids": p, "token_ids": ref}]}
         rec = {"turns": [{"prompt_ids": p, "token_ids": r["tokens"]}]}
-        c = lossless.compare_question(model, ar_rec, rec, cfg["dtype"], None, q.question_id)
-        c["tokens"] = lossless.check_tokens(model, rec, cfg["dtype"], None, q.question_id)
+        c = lossless.compare_question(model, ar_rec, rec, cfg.dtype, None, q.question_id)
+        c["tokens"] = lossless.check_tokens(model, rec, cfg.dtype, None, q.question_id)
         checks.append(dict(c, question_id=q.question_id))
     return checks
 
@@ -178,14 +173,15 @@ def missing_request(question_id, why: str) -> dict:
     return {"status": "mismatch", "reason": why, "question_id": question_id, "tokens": nothing}
 
 
-def serving_summary(cfg: dict, side: dict, ar_side: dict | None, checks: list[dict]) -> dict:
+def serving_summary(plan: RunPlan, side: dict, ar_side: dict | None, checks: list[dict]) -> dict:
+    cfg = plan.settings
     fig, base = side["figures"], (ar_side or {}).get("figures")
     return {
-        "method": cfg["method"]["name"], "method_params": method_params(cfg), "model": cfg["model"]["name"],
-        "task": cfg["task"]["name"], "dtype": cfg["dtype"], "device": cfg["device_name"], "forward": cfg["forward"],
-        "host_memory": cfg["host_memory"],
-        "max_new_tokens": cfg["max_new_tokens"], "batch_size": cfg["batch_size"],
-        "request_rate": cfg["request_rate"], "batch_speculation": cfg["batch_speculation"], **fig,
+        "method": cfg.method["name"], "method_params": method_params(cfg), "model": cfg.model.name,
+        "task": cfg.task.name, "dtype": cfg.dtype, "device": plan.device_name, "forward": plan.forward,
+        "host_memory": cfg.host_memory,
+        "max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,
+        "request_rate": cfg.request_rate, "batch_speculation": cfg.batch_speculation, **fig,
         "baseline_throughput": base["throughput"] if base else None,
         "speedup": round(fig["throughput"] / base["throughput"], 3) if base else None,
         "latency_speedup": round(base["latency_mean"] / fig["latency_mean"], 3) if base else None,

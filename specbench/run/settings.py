@@ -8,9 +8,11 @@ checks are likewise the ones their loaders run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+from specbench.config import ModelConfig, RunConfig, typed
 from specbench.decoding.forward_choice import planned_forward
 from specbench.environment import check_environment
 from specbench.errors import InputError, SettingsError
@@ -32,68 +34,70 @@ def _profile_flags(forward: str) -> str:
     return {"eager": "", "compiled": " --compile --products inductor", "compiled-packed": " --compile"}[forward]
 
 
-def forward_name(cfg: dict, device) -> str:
+def forward_name(cfg: RunConfig, device) -> str:
     """The target forward the settings ask for on this kind of machine (forward_choice.planned_forward):
     `eager`; `compiled` (inductor's own matrix products on CPU, CUDA graphs on a GPU); `compiled-packed`
     (the CPU compiled forward with our packed kernel for the products). What a run gets can be less,
     where this machine cannot build what the plan needs (forward_choice.choose_forward)."""
     try:
-        return planned_forward(cfg["compile"], cfg["compile_products"], device,
-                               resolve_dtype(run_dtype(cfg["dtype"], device, cfg["model"])))
+        return planned_forward(cfg.compile, cfg.compile_products, device,
+                               resolve_dtype(run_dtype(cfg.dtype, device, cfg.model)))
     except ValueError as e:
         raise SettingsError(str(e)) from None
 
 
-def method_params(cfg: dict) -> dict:
-    return {k: v for k, v in cfg["method"].items() if k != "name"}
+def method_params(cfg: RunConfig) -> dict:
+    return {k: v for k, v in cfg.method.items() if k != "name"}
 
 
-def validate(cfg: dict) -> None:
-    """Every setting of a run (the runner's config, max_new_tokens filled in from the task)."""
+def validate(cfg: RunConfig) -> None:
+    """Every setting of a run (max_new_tokens filled in from the task): the run's own first, then,
+    each by the code that will load it, the method, the cost curve, the model, the method's settings
+    and the question file."""
     check_environment()
-    _check_all_set(cfg)
-    method = drafter_class(cfg["method"]["name"])  # an unknown name is refused with the valid ones
-    if _number(cfg["max_new_tokens"], "max_new_tokens", integer=True) < 1:
-        raise SettingsError(f"max_new_tokens must be at least 1, got {cfg['max_new_tokens']}")
-    if _number(cfg["warmup"], "warmup", integer=True) < 0:
-        raise SettingsError(f"warmup must be 0 or more, got {cfg['warmup']}")
-    if _number(cfg["temperature"], "temperature") < 0:
-        raise SettingsError(f"temperature must be 0 (greedy) or positive, got {cfg['temperature']}")
-    if not 0 < _number(cfg["top_p"], "top_p") <= 1:
-        raise SettingsError(f"top_p must be in (0, 1] (1 = off), got {cfg['top_p']}")
-    if _number(cfg["top_k"], "top_k", integer=True) < 0:
-        raise SettingsError(f"top_k must be 0 (off) or positive, got {cfg['top_k']}")
-    _number(cfg["seed"], "seed", integer=True)
-    if _number(cfg["repeat"] or 0, "repeat", integer=True) < 0:
-        raise SettingsError(f"repeat must be 0 (a single run) or a positive run number, got {cfg['repeat']}")
-    if cfg["warmup_on"] not in WARMUP_ON:
-        raise SettingsError(f"warmup_on must be one of {', '.join(WARMUP_ON)}, got '{cfg['warmup_on']}'")
-    if cfg.get("host_memory", "keep") not in HOST_MEMORY:
-        raise SettingsError(f"host_memory must be keep or system, got '{cfg['host_memory']}'")
-    if cfg["baseline"] not in BASELINES:
-        raise SettingsError(f"baseline must be interleave, reuse, shared or none, got '{cfg['baseline']}'")
-    check_serving(cfg)
-    device = resolve_device(cfg["device"])
-    dtype_name = run_dtype(cfg["dtype"], device, cfg["model"])
-    check_cost_curve(cfg, forward_name(cfg, device))
-    check_model_config(cfg["model"])
-    check_context_length(cfg["model"], cfg["max_new_tokens"])
-    method.check_settings(method_params(cfg), {"model_name": cfg["model"]["name"], "device": cfg["device"],
-                                               "dtype_name": dtype_name})
+    _check_all_set(dataclasses.asdict(cfg))
+    if _number(cfg.max_new_tokens, "max_new_tokens", integer=True) < 1:
+        raise SettingsError(f"max_new_tokens must be at least 1, got {cfg.max_new_tokens}")
+    if _number(cfg.warmup, "warmup", integer=True) < 0:
+        raise SettingsError(f"warmup must be 0 or more, got {cfg.warmup}")
+    if _number(cfg.temperature, "temperature") < 0:
+        raise SettingsError(f"temperature must be 0 (greedy) or positive, got {cfg.temperature}")
+    if not 0 < _number(cfg.top_p, "top_p") <= 1:
+        raise SettingsError(f"top_p must be in (0, 1] (1 = off), got {cfg.top_p}")
+    if _number(cfg.top_k, "top_k", integer=True) < 0:
+        raise SettingsError(f"top_k must be 0 (off) or positive, got {cfg.top_k}")
+    _number(cfg.seed, "seed", integer=True)
+    if _number(cfg.repeat or 0, "repeat", integer=True) < 0:
+        raise SettingsError(f"repeat must be 0 (a single run) or a positive run number, got {cfg.repeat}")
+    if cfg.warmup_on not in WARMUP_ON:
+        raise SettingsError(f"warmup_on must be one of {', '.join(WARMUP_ON)}, got '{cfg.warmup_on}'")
+    if cfg.host_memory not in HOST_MEMORY:
+        raise SettingsError(f"host_memory must be keep or system, got '{cfg.host_memory}'")
+    if cfg.baseline not in BASELINES:
+        raise SettingsError(f"baseline must be interleave, reuse, shared or none, got '{cfg.baseline}'")
     for key in ("per_subtask", "limit"):
-        if cfg["task"].get(key) is not None:
-            _number(cfg["task"][key], f"task.{key}", integer=True)
-    load_task(cfg["task"])  # the question file: there and well-formed (file and line named)
+        if getattr(cfg.task, key) is not None:
+            _number(getattr(cfg.task, key), f"task.{key}", integer=True)
+    check_serving(cfg)
+    method = drafter_class(cfg.method["name"])  # an unknown name is refused with the valid ones
+    device = resolve_device(cfg.device)
+    check_cost_curve(cfg, forward_name(cfg, device))
+    check_model_config(cfg.model)
+    check_context_length(cfg.model, cfg.max_new_tokens)
+    method.check_settings(method_params(cfg), {"model_name": cfg.model.name, "device": cfg.device,
+                                               "dtype_name": run_dtype(cfg.dtype, device, cfg.model)})
+    load_task(cfg.task)  # the question file: there and well-formed (file and line named)
 
 
-def model_context_length(model_cfg: dict) -> int | None:
+def model_context_length(model_cfg: ModelConfig) -> int | None:
     """The positions the model was trained for, known before loading: the model config's
     `context_length` (the embedded GGUF models), else max_position_embeddings of a local directory's
     config.json; None when neither says (the engine checks once the model has loaded)."""
-    if model_cfg.get("context_length"):
-        return int(model_cfg["context_length"])
-    path = model_cfg.get("path")
-    if not path or model_cfg.get("gguf") or not Path(str(path), "config.json").is_file():
+    model_cfg = typed(ModelConfig, model_cfg)
+    if model_cfg.context_length:
+        return int(model_cfg.context_length)
+    path = model_cfg.path
+    if not path or model_cfg.gguf or not Path(str(path), "config.json").is_file():
         return None
     try:
         conf = json.loads(Path(str(path), "config.json").read_text())
@@ -103,11 +107,11 @@ def model_context_length(model_cfg: dict) -> int | None:
     return n if isinstance(n, int) and n > 0 else None
 
 
-def check_context_length(model_cfg: dict, max_new_tokens: int) -> None:
+def check_context_length(model_cfg: ModelConfig, max_new_tokens: int) -> None:
     """max_new_tokens must leave room in the model's context for the prompt."""
     n = model_context_length(model_cfg)
     if n is not None and max_new_tokens >= n:
-        raise InputError(f"max_new_tokens={max_new_tokens} is beyond the context of model {model_cfg['name']} "
+        raise InputError(f"max_new_tokens={max_new_tokens} is beyond the context of model {model_cfg.name} "
                          f"({n} positions, prompt included); set max_new_tokens below {n}")
 
 
@@ -138,35 +142,35 @@ def check_prompts_fit(prompts: list[tuple], max_new_tokens: int, context_length:
 BATCH_SPECULATION = ("fixed", "goodput")
 
 
-def is_serving_run(cfg: dict) -> bool:
+def is_serving_run(cfg: RunConfig) -> bool:
     """Concurrent requests (run/serving.py) rather than one question at a time."""
-    return bool(cfg.get("serving")) or cfg.get("batch_size", 1) > 1 or cfg.get("request_rate") is not None
+    return bool(cfg.serving) or cfg.batch_size > 1 or cfg.request_rate is not None
 
 
-def check_serving(cfg: dict) -> None:
+def check_serving(cfg: RunConfig) -> None:
     """batch_size, request_rate, batch_speculation, and what a batched run cannot do yet."""
-    if _number(cfg.get("batch_size", 1), "batch_size", integer=True) < 1:
-        raise SettingsError(f"batch_size must be at least 1, got {cfg['batch_size']}")
-    rate = cfg.get("request_rate")
+    if _number(cfg.batch_size, "batch_size", integer=True) < 1:
+        raise SettingsError(f"batch_size must be at least 1, got {cfg.batch_size}")
+    rate = cfg.request_rate
     if rate is not None and _number(rate, "request_rate") <= 0:
         raise SettingsError(f"request_rate must be positive (requests per second) or null, got {rate}")
-    if cfg.get("batch_speculation", "fixed") not in BATCH_SPECULATION:
-        raise SettingsError(f"batch_speculation must be fixed or goodput, got '{cfg['batch_speculation']}'")
+    if cfg.batch_speculation not in BATCH_SPECULATION:
+        raise SettingsError(f"batch_speculation must be fixed or goodput, got '{cfg.batch_speculation}'")
     if not is_serving_run(cfg):
         return
-    if cfg["temperature"] != 0:
+    if cfg.temperature != 0:
         raise SettingsError("serving runs (serving=true, batch_size > 1 or request_rate) decode greedily; set temperature=0")
-    if str(cfg["compile"]) in ("on", "true", "True"):
+    if str(cfg.compile) in ("on", "true", "True"):
         raise SettingsError("batched runs use the eager forward (the compiled one's static cache holds one "
                             "request); set compile=off or auto")
-    if cfg["baseline"] not in ("interleave", "none"):
+    if cfg.baseline not in ("interleave", "none"):
         raise SettingsError(f"batched runs time batched AR beside the method in the same process; set "
-                            f"baseline=interleave (or none), got '{cfg['baseline']}'")
+                            f"baseline=interleave (or none), got '{cfg.baseline}'")
 
 
-def check_cost_curve(cfg: dict, forward: str) -> None:
+def check_cost_curve(cfg: RunConfig, forward: str) -> None:
     """A cost-curve file must have been measured on the forward the run uses."""
-    curve = cfg["cost_curve"]
+    curve = cfg.cost_curve
     if curve in (None, False, "auto", "off", "none"):  # as run_cost_curve reads it
         return
     if not isinstance(curve, str):

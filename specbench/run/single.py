@@ -17,11 +17,10 @@ import torch
 
 from specbench.decoding.engine import Engine
 from specbench.decoding.sampling import PositionSampler
-from specbench.config import RunPlan
+from specbench.config import RunConfig, RunPlan
 from specbench.drafter import ReadsHiddenStates
 from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.markdown import markdown_table
-from specbench.inputs.models import resolve_dtype
 from specbench.inputs.questions import Question
 from specbench.inputs.tasks import WARMUP_QUESTION, load_task
 from specbench.registry import build_drafter, drafter_class
@@ -115,20 +114,21 @@ def _stored(record: dict) -> dict:
     return out
 
 
-def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dict],
+def summarize(plan: RunPlan, records: list[dict], base: list[dict], checks: list[dict],
               curve: cost.CostCurve | None = None, lossless_method: bool = True,
               questions: int | None = None) -> dict:
     """`questions`: how many the run asked (the lossless verdict's denominator; default: the records)."""
+    cfg = plan.settings
     ids = {r["question_id"] for r in records}
     bound = cost.run_bound(curve, records)
     base = [b for b in base if b["question_id"] in ids]
     ci = metrics.speedup_ci(records, base) if base else None
     summary = {
-        "method": cfg["method"]["name"], "method_params": method_params(cfg),
+        "method": cfg.method["name"], "method_params": method_params(cfg),
         "lossless_method": lossless_method,  # false: lossy by design, outside the lossless tally
-        "model": cfg["model"]["name"], "task": cfg["task"]["name"], "temperature": cfg["temperature"],
-        "top_k": cfg["top_k"], "top_p": cfg["top_p"],
-        "dtype": cfg["dtype"], "device": cfg["device_name"], "max_new_tokens": cfg["max_new_tokens"],
+        "model": cfg.model.name, "task": cfg.task.name, "temperature": cfg.temperature,
+        "top_k": cfg.top_k, "top_p": cfg.top_p,
+        "dtype": cfg.dtype, "device": plan.device_name, "max_new_tokens": cfg.max_new_tokens,
         "questions": len(records),
         "new_tokens": sum(t["new_tokens"] for r in records for t in r["turns"]),
         "wall_time": sum(t["wall_time"] for r in records for t in r["turns"]),
@@ -138,7 +138,7 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
         "rows_per_step": metrics.rows_per_step(records),
         "subtasks": metrics.subtasks(records),  # the order of every per-subtask figure (metrics.ordered_subtasks)
         "subtask_mat": {s: metrics.mat([r for r in records if r["subtask"] == s]) for s in metrics.subtasks(records)},
-        "baseline": cfg["baseline"],
+        "baseline": cfg.baseline,
         "baseline_tokens_per_s": metrics.tokens_per_s(base) if base else None,
         "speedup": metrics.speedup(records, base) if base else None,
         "speedup_ci": list(ci) if ci else None,  # 95%, bootstrap over questions
@@ -166,8 +166,8 @@ def summarize(cfg: dict, records: list[dict], base: list[dict], checks: list[dic
                              if r.get("lossless", {}).get("status", "exact") not in ("exact", "unchecked")
                              or r.get("lossless", {}).get("tokens", {}).get("tokens_outside_band")],
         "drafter_stats": metrics.sum_statistics([r.get("drafter_stats") for r in records]),
-        "warmup": cfg["warmup"], "warmup_on": cfg["warmup_on"],
-        "forward": cfg["forward"], "host_memory": cfg["host_memory"],
+        "warmup": cfg.warmup, "warmup_on": cfg.warmup_on,
+        "forward": plan.forward, "host_memory": cfg.host_memory,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -257,9 +257,9 @@ def acceptance_latency_line(summary: dict) -> str:
 
 @dataclass
 class RunInProgress:
-    """What one run holds while it runs: its settings, directory, model, engine and drafters."""
+    """What one run holds while it runs: its plan, directory, model, engine and drafters."""
 
-    cfg: dict
+    plan: RunPlan  # its settings as this machine runs them (config.RunPlan)
     questions: list[Question]
     out_dir: Path
     done: dict  # question id -> record, resumed or made by this run
@@ -271,32 +271,35 @@ class RunInProgress:
     ar: object = None
     sampler: PositionSampler | None = None
     band: dict | None = None  # the measured rounding band the lossless check uses (rounding_band.py)
-    plan: RunPlan | None = None  # what this machine makes of the settings (config.RunPlan)
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.plan.settings
 
     @property
     def method(self) -> str:
-        return self.cfg["method"]["name"]
+        return self.plan.method
 
     @property
     def todo(self) -> list[Question]:
         return [q for q in self.questions if q.question_id not in self.done]
 
     def answer(self, drafter, q: Question) -> dict:
-        return run_question(self.engine, drafter, self.tok, q, self.cfg["model"]["chat_template"],
-                            self.cfg["max_new_tokens"], self.sampler)
+        return run_question(self.engine, drafter, self.tok, q, self.cfg.model.chat_template,
+                            self.cfg.max_new_tokens, self.sampler)
 
 
-def run_single(cfg: dict) -> "Finished":
-    """One request at a time: run, write answers and summary, print the table."""
-    plan = plan_run(cfg)
-    run = open_run_directory(plan.applied(cfg), plan)
+def run_single(given) -> "Finished":
+    """One request at a time (`given`: the settings, Hydra's plain dict or a RunConfig): run, write
+    answers and summary, print the table."""
+    run = open_run_directory(plan_run(given))
     baseline = baseline_for(run)
     load_target_and_drafters(run)
     measure_rounding_band(run)  # before anything is timed (cached per model, device, dtype, forward)
     cfg = run.cfg  # the settings as planned (a step down while loading included)
-    if run.todo and cfg["warmup"]:
-        warm_up(cfg, run.engine, [run.ar] if run.method == "ar" else [run.ar, run.drafter], run.tok,
-                run.questions, cfg["model"]["chat_template"], cfg["max_new_tokens"], run.sampler)
+    if run.todo and cfg.warmup:
+        warm_up(cfg.warmup, cfg.warmup_on, run.engine, [run.ar] if run.method == "ar" else [run.ar, run.drafter], run.tok,
+                run.questions, cfg.model.chat_template, cfg.max_new_tokens, run.sampler)
     answer_questions(run, baseline)
     return finish(run, baseline)
 
@@ -305,11 +308,11 @@ def write_run_config(run: "RunInProgress") -> None:
     """run_config.json: the run's identity, its settings as planned, and the rounding band it measured."""
     band = {k: run.band[k] for k in ("band_ulps", "band_logits", "measured_ulps", "measured_logits", "safety",
                                      "forward", "cached") if k in run.band} if run.band else None
-    write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(run.cfg), "config": run.cfg,
+    write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(run.plan), "config": run.plan.recorded(),
                                                         **({"rounding_band": band} if band else {})})
 
 
-def open_run_directory(cfg: dict, plan: RunPlan | None = None) -> RunInProgress:
+def open_run_directory(plan: RunPlan) -> RunInProgress:
     """The run's directory: refused if it holds answers of other settings, else its config written
     and its finished answers read back (a rerun resumes)."""
     import weakref
@@ -317,14 +320,15 @@ def open_run_directory(cfg: dict, plan: RunPlan | None = None) -> RunInProgress:
     from specbench.run.results_io import make_directory
     from specbench.run.run_lock import lock_run_directory
 
-    out_dir = make_directory(results_dir_for(cfg, cfg["method"]["name"]))
+    cfg = plan.settings
+    out_dir = make_directory(results_dir_for(cfg, plan.method))
     # one run per directory: a second one is refused naming this one; released with the run (or the process)
     lock = lock_run_directory(out_dir)
     try:
         # a run's own answers also depend on the method and its settings (AR references do not)
-        check_identity(out_dir, run_identity(cfg))
+        check_identity(out_dir, run_identity(plan))
         done = {r["question_id"]: r for r in repair_jsonl(out_dir / "answers.jsonl")}
-        run = RunInProgress(cfg, load_task(cfg["task"]), out_dir, done, plan=plan)
+        run = RunInProgress(plan, load_task(cfg.task), out_dir, done)
         write_run_config(run)
     except BaseException:
         lock.release()
@@ -336,37 +340,37 @@ def open_run_directory(cfg: dict, plan: RunPlan | None = None) -> RunInProgress:
 def baseline_for(run: RunInProgress):
     """The `baseline` setting's strategy (specbench/run/baselines.py)."""
     cfg = run.cfg
-    if run.method == "ar" or cfg["baseline"] == "none":
+    if run.method == "ar" or cfg.baseline == "none":
         return baselines.Baseline()
-    if cfg["baseline"] == "reuse":
+    if cfg.baseline == "reuse":
         ar_dir = results_dir_for(cfg, "ar")
-        check_identity(ar_dir, identity(cfg), missing_ok=True)  # finished AR answers, only read
+        check_identity(ar_dir, identity(run.plan), missing_ok=True)  # finished AR answers, only read
         return baselines.Reused(ar_dir, [q.question_id for q in run.questions])
-    if cfg["baseline"] == "shared":
-        return baselines.Shared(results_dir_for(cfg, "ar"), dict(identity(cfg), method="ar", method_params={}), cfg)
+    if cfg.baseline == "shared":
+        return baselines.Shared(results_dir_for(cfg, "ar"), dict(identity(run.plan), method="ar", method_params={}),
+                                run.plan.recorded())
     return baselines.Interleaved(run.out_dir / "baseline_answers.jsonl")
 
 
 def load_target_and_drafters(run: RunInProgress) -> None:
     """The model and its engine (compiled before anything is timed), the cost curve, the drafters."""
     cfg = run.cfg
-    device, dtype = torch.device(cfg["device"]), resolve_dtype(cfg["dtype"])
-    run.model, run.tok, run.engine = load_engine(cfg, device, dtype)
+    run.model, run.tok, run.engine = load_engine(run.plan)
     # a prompt that with max_new_tokens runs past the window is refused before anything compiles or is timed
-    check_questions_fit(run.tok, run.todo, cfg["model"]["chat_template"], cfg["max_new_tokens"],
-                        run.engine.context_length or model_context_length(cfg["model"]), cfg["model"]["name"])
+    check_questions_fit(run.tok, run.todo, cfg.model.chat_template, cfg.max_new_tokens,
+                        run.engine.context_length or model_context_length(cfg.model), cfg.model.name)
     reserve_compiled_cache(run.engine, [drafter_class("ar"), drafter_class(run.method)], run.tok, run.todo,
-                           cfg["model"]["chat_template"], cfg["max_new_tokens"])
-    if run.engine.forward_name != cfg["forward"]:  # compiling the model failed: the engine went on eager
+                           cfg.model.chat_template, cfg.max_new_tokens)
+    if run.engine.forward_name != run.plan.forward:  # compiling the model failed: the engine went on eager
         run.plan = run.plan.stepped_down(run.engine.forward_name)
-        run.cfg = cfg = run.plan.applied(cfg)
-        check_identity(run.out_dir, run_identity(cfg))  # answers resumed from the compiled forward do not mix
+        cfg = run.cfg
+        check_identity(run.out_dir, run_identity(run.plan))  # answers resumed from the compiled forward do not mix
         write_run_config(run)
     # measured at the contexts the run's turns reach, so the bound and the goodput choices price a step
     # at its own context (speculation/cost.py contexts_for)
-    longest = longest_prompt_bound(run.tok, run.questions, cfg["model"]["chat_template"], cfg["max_new_tokens"])
+    longest = longest_prompt_bound(run.tok, run.questions, cfg.model.chat_template, cfg.max_new_tokens)
     run.curve = run_cost_curve(cfg, run.model, run.engine,
-                               cost.contexts_for(longest, cfg["max_new_tokens"], run.engine.context_length))
+                               cost.contexts_for(longest, cfg.max_new_tokens, run.engine.context_length))
     if run.curve is not None:
         run.curve.save(run.out_dir / "cost_curve.json")
     run.sampler = make_sampler(cfg)
@@ -380,12 +384,12 @@ def measure_rounding_band(run: RunInProgress) -> None:
     from specbench.run.rounding_band import load_or_measure
 
     cfg = run.cfg
-    if not cfg["lossless"]["check"]:
+    if not cfg.lossless.check:
         return
-    model_key = cfg["model"]["name"] + (f"-{hashlib.sha256(str(cfg['model']['path']).encode()).hexdigest()[:8]}"
-                                        if cfg["model"].get("path") else "")
-    run.band = load_or_measure(run.model, run.tok, model_key, cfg["device_name"], cfg["dtype"],
-                               engine=run.engine, template=cfg["model"]["chat_template"])
+    model_key = cfg.model.name + (f"-{hashlib.sha256(str(cfg.model.path).encode()).hexdigest()[:8]}"
+                                        if cfg.model.path else "")
+    run.band = load_or_measure(run.model, run.tok, model_key, run.plan.device_name, cfg.dtype,
+                               engine=run.engine, template=cfg.model.chat_template)
     write_run_config(run)
 
 
@@ -405,7 +409,7 @@ def answer_questions(run: RunInProgress, baseline) -> None:
     cfg = run.cfg
     todo = run.todo
     bar = tqdm(total=len(run.questions), initial=len(run.questions) - len(todo), desc=run.method,
-               unit="q", disable=not cfg["progress"], dynamic_ncols=True)
+               unit="q", disable=not cfg.progress, dynamic_ncols=True)
     for q in todo:
         ar_first = ar_goes_first(run, q)
         if ar_first:
@@ -414,18 +418,18 @@ def answer_questions(run: RunInProgress, baseline) -> None:
         if not ar_first:
             base_rec = baseline.answer(q.question_id, lambda: run.answer(run.ar, q), _stored)
         rec["first"] = "ar" if ar_first or not baseline.active else "method"
-        if baseline.active and cfg["lossless"]["check"]:
+        if baseline.active and cfg.lossless.check:
             if "prompt_ids" not in base_rec["turns"][0]:  # resumed or reused: rebuild the prompts
-                base_rec = _with_prompts(base_rec, q, run.tok, cfg["model"]["chat_template"])
-            rec["lossless"] = lossless.compare_question(run.model, base_rec, rec, cfg["dtype"], run.sampler,
+                base_rec = _with_prompts(base_rec, q, run.tok, cfg.model.chat_template)
+            rec["lossless"] = lossless.compare_question(run.model, base_rec, rec, cfg.dtype, run.sampler,
                                                         q.question_id, run.band)
             if not run.drafter.lossless and rec["lossless"]["status"] != "exact":
                 # a lossy-by-design option (Medusa's typical acceptance): a difference is expected
                 rec["lossless"]["status"] = "lossy_difference"
         else:
             rec["lossless"] = {"status": "exact"} if run.method == "ar" else {"status": "unchecked"}
-        if cfg["lossless"]["check"]:  # every emitted token, whatever AR did (outside the timed turns)
-            rec["lossless"]["tokens"] = lossless.check_tokens(run.model, rec, cfg["dtype"], run.sampler,
+        if cfg.lossless.check:  # every emitted token, whatever AR did (outside the timed turns)
+            rec["lossless"]["tokens"] = lossless.check_tokens(run.model, rec, cfg.dtype, run.sampler,
                                                               q.question_id, run.band)
         append_jsonl(run.out_dir / "answers.jsonl", _stored(rec))
         run.done[q.question_id] = rec
@@ -443,7 +447,7 @@ class Finished:
     """A finished run, for the reports made after it (specbench/main.py): its settings as the run
     resolved them, the summary, both sides' answers and the directory."""
 
-    cfg: dict
+    plan: RunPlan
     summary: dict
     records: list[dict]
     baseline: list[dict]
@@ -458,7 +462,7 @@ def finish(run: RunInProgress, baseline) -> Finished:
         [baseline.answers[q.question_id] for q in run.questions] if baseline.active else [])
     checks = [r.get("lossless", {"status": "unchecked"}) for r in records]
     checks = [c for c in checks if c["status"] != "unchecked" or "tokens" in c]
-    summary = summarize(cfg, records, base, checks, run.curve, lossless_method=run.drafter.lossless,
+    summary = summarize(run.plan, records, base, checks, run.curve, lossless_method=run.drafter.lossless,
                         questions=len(run.questions))
     summary["results_dir"] = str(run.out_dir)
     summary["rounding_band"] = run.band  # measured on this model, device, dtype and forward (None: unchecked)
@@ -469,7 +473,7 @@ def finish(run: RunInProgress, baseline) -> Finished:
     if run.engine.compiled is not None:  # compiling happened before timing; a recompile while timed shows here
         summary["compile_seconds"] = round(run.engine.compiled.compile_seconds, 1)
         summary["recompiles_while_timed"] = run.engine.compiled.recompiles()
-    summary["repeat"] = cfg["repeat"]
+    summary["repeat"] = cfg.repeat
     if baseline.directory is not None:
         summary["baseline_dir"] = str(baseline.directory)
     write_json_atomic(run.out_dir / "summary.json", summary)
@@ -493,20 +497,21 @@ def finish(run: RunInProgress, baseline) -> Finished:
             print(f"  outside the band: question {d['question_id']} turn {bad['turn']} token {bad['index']} "
                   f"(margin {bad['margin']:.3g} to the target's choice, band {bad['band']:.3g})")
     print(f"results: {run.out_dir}")
-    return Finished(cfg, summary, records, base, run.out_dir)
+    return Finished(run.plan, summary, records, base, run.out_dir)
 
 
-def warm_up(cfg: dict, engine: Engine, drafters: list, tok, questions: list[Question], template: str,
+def warm_up(count: int, on: str, engine: Engine, drafters: list, tok, questions: list[Question], template: str,
             max_new: int, sampler: PositionSampler | None) -> None:
-    """`warmup` generations per drafter before anything is timed.
+    """`count` (the `warmup` setting) generations per drafter before anything is timed, on what
+    `warmup_on` names.
 
     builtin (default): on a prompt that is in no task, then every drafter is reset to its freshly
     built state, so what a drafter learns across questions (TR's hot-start matrix) comes from
     measured questions only. first_question: Spec-Bench's protocol, all turns of the first question
     and no reset, so a learning drafter has seen that question's answer before it is timed."""
-    first = cfg["warmup_on"] == "first_question"
+    first = on == "first_question"
     warm_q = questions[0] if first else WARMUP_QUESTION
-    for _ in range(cfg["warmup"]):
+    for _ in range(count):
         for d in drafters:
             run_question(engine, d, tok, warm_q, template, max_new, sampler)
     if not first:
