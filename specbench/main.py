@@ -30,10 +30,11 @@ def run_benchmark(given) -> dict:
     return done.summary
 
 
-def main_exit_code(summary: dict, cfg: dict) -> int:
+def main_exit_code(summary: dict, given) -> int:
     """1 when the lossless check failed: a real mismatch with AR, a token outside the band, too large a
-    share of numeric tokens (lossless.max_numeric_share), or fewer questions checked than asked."""
-    lo, lcfg = summary["lossless"], cfg["lossless"]
+    share of numeric tokens (lossless.max_numeric_share), or fewer questions checked than asked.
+    `given`: the run's settings, as run_benchmark takes them."""
+    lo, lcfg = summary["lossless"], run_settings(given).lossless
     is_lossless = summary.get("lossless_method", True)
     asked, checked = lo.get("questions", lo.get("checked", 0)), lo.get("checked", 0)
     reasons = []
@@ -41,15 +42,15 @@ def main_exit_code(summary: dict, cfg: dict) -> int:
         reasons.append(f"{lo['mismatches']} real mismatch(es) with AR")
     if is_lossless and lo.get("tokens_outside_band"):
         reasons.append(f"{lo['tokens_outside_band']} token(s) outside the rounding band of the target's choice")
-    limit = lcfg.get("max_numeric_share", 0.05)
+    limit = lcfg.max_numeric_share
     if is_lossless and lossless.numeric_share_exceeded(lo, limit):
         reasons.append(f"{lo['tokens_numeric']} of {lo['tokens_checked']} tokens numeric "
                        f"({100 * lo['tokens_numeric'] / lo['tokens_checked']:.1f}%, more than lossless.max_numeric_share="
                        f"{limit:g}): a verifier that prefers the runner-up near a tie")
-    if lcfg.get("check", True) and checked < asked:
+    if lcfg.check and checked < asked:
         reasons.append(f"only {checked} of {asked} questions checked (answers resumed from a run with "
                        "lossless.check=false?)")
-    if reasons and lcfg.get("fail_on_mismatch", True):
+    if reasons and lcfg.fail_on_mismatch:
         print("LOSSLESS CHECK FAILED: " + "; ".join(reasons), file=sys.stderr)
         return 1
     return 0

@@ -10,7 +10,8 @@ from specbench.decoding.engine import Engine
 from specbench.draft import DecodeState
 from specbench.speculation.cost import CostCurve
 from specbench.methods.ar import Autoregressive
-from specbench.methods.tr.fused import FusedTokenRecycling, merge_chain, merge_tree
+from specbench.methods.tr.fused import (SUFFIX_BINS, FusedTokenRecycling, merge_chain, merge_tree,
+                                        retrieved_trials, suffix_cells)
 from specbench.registry import build_drafter
 
 TARGET = {"model_name": "smollm2-135m", "device": "cpu", "dtype_name": "float32"}
@@ -116,7 +117,8 @@ def test_suffix_source_drafts_the_repeated_continuation_with_frequency_estimates
     by "4 5 0" twice and "4 6 0" once; the suffix tree drafts the repeated continuation, each node's
     estimate its frequency along the path (4: 3/4, 4 5: 2/4, 4 5 0: 2/4), not a learnt rate."""
     d = FusedTokenRecycling(vocab_size=20, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
-                            retrieval="suffix", suffix_min_prob=0.0, suffix_factor=2.0, suffix_tokens=3)
+                            retrieval="suffix", suffix_min_prob=0.0, suffix_factor=2.0, suffix_tokens=3,
+                            suffix_rates=False)
     seq = torch.tensor([1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3])
     draft = d.propose(DecodeState(tokens=seq, prompt_len=len(seq) - 1, step=0))
     paths = drafted_paths(draft)
@@ -124,31 +126,40 @@ def test_suffix_source_drafts_the_repeated_continuation_with_frequency_estimates
     assert d.take_statistics()["retrieval_steps"] == 1
 
 
-def test_suffix_source_follows_the_output_and_starts_afresh_each_turn():
-    d = FusedTokenRecycling(vocab_size=50, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
-                            retrieval="suffix")
-    prompt = [9, 8]
-    out = [30, 31, 32, 33, 30, 31]  # the output repeats itself: drafted from the running turn
-    draft = d.propose(DecodeState(tokens=torch.tensor(prompt + out), prompt_len=2, step=3))
-    assert draft is not None and [t.item() for t in draft.tokens][:2] == [32, 33]
-    assert d._suffix.turn_tokens.tolist() == prompt + out
-    # a new turn: its own prompt, nothing of the last turn's unless the prompt holds it
-    d.propose(DecodeState(tokens=torch.tensor([5, 6, 7]), prompt_len=2, step=0))
-    assert d._suffix.turn_tokens.tolist() == [5, 6, 7]
+def test_suffix_cells_bin_each_node_given_its_parent_by_depth():
+    # a root child at 0.75, its child at 0.5 of the path (2/3 given the parent), a sibling at 0.25
+    assert suffix_cells([-1, 0, -1], [0.75, 0.5, 0.25]) == [7, SUFFIX_BINS + 6, 2]
+    deep = suffix_cells([-1, 0, 1, 2], [1.0, 1.0, 1.0, 0.05])
+    assert deep == [9, SUFFIX_BINS + 9, 2 * SUFFIX_BINS + 9, 2 * SUFFIX_BINS]  # depth 3 and below share a class
 
 
-def test_suffix_global_drafts_an_earlier_answer_in_a_new_question():
-    d = FusedTokenRecycling(vocab_size=50, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
-                            retrieval="suffix", suffix_global=True)
-    d.propose(DecodeState(tokens=torch.tensor([1, 2, 40, 41, 42, 43, 44]), prompt_len=2, step=0))
-    d.start_question()
-    draft = d.propose(DecodeState(tokens=torch.tensor([3, 4, 40, 41, 42]), prompt_len=4, step=0))
-    assert draft is not None and [t.item() for t in draft.tokens][:2] == [43, 44]
-    assert d.take_statistics()["retrieval_from_global"] >= 1
-    plain = FusedTokenRecycling(vocab_size=50, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
-                                retrieval="suffix")
-    plain.propose(DecodeState(tokens=torch.tensor([1, 2, 40, 41, 42, 43, 44]), prompt_len=2, step=0))
-    assert plain.propose(DecodeState(tokens=torch.tensor([3, 4, 40, 41, 42]), prompt_len=4, step=0)) is None
+def test_retrieved_trials_count_the_children_of_the_decided_path():
+    tokens, parents = [4, 5, 6, 7], [-1, 0, 0, 1]  # 4 -> (5 -> 7, 6)
+    assert retrieved_trials(tokens, parents, [4]) is None  # 5 or 6 not yet known
+    assert retrieved_trials(tokens, parents, [4, 6]) == [(0, True), (1, False), (2, True)]
+    assert retrieved_trials(tokens, parents, [4, 5, 9]) == [(0, True), (1, True), (2, False), (3, False)]
+    assert retrieved_trials(tokens, parents, [9]) == [(0, False)]  # the first token wrong: one trial
+
+
+def test_suffix_rates_learn_what_the_frequency_estimates_promise():
+    """A frequency estimate that keeps failing pulls its cell's rate down; the next draft's node
+    estimate is the learnt rate, not the frequency."""
+    d = FusedTokenRecycling(vocab_size=20, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
+                            retrieval="suffix", suffix_min_prob=0.0, suffix_factor=2.0, suffix_tokens=1)
+    seq = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3]
+    first = d.propose(DecodeState(tokens=torch.tensor(seq), prompt_len=20, step=0))
+    assert drafted_paths(first) == pytest.approx({(4,): 0.75})  # the prior: the bin's middle
+    cell = suffix_cells([-1], [0.75])[0]
+    d._learn_retrieved(torch.tensor(seq))  # nothing decided after the root yet
+    assert len(d._retrieved) == 1 and d.suffix_rates.trials[cell] == 0
+    d._learn_retrieved(torch.tensor(seq + [9]))  # the model said 9, not 4
+    assert not d._retrieved and d.suffix_rates.trials[cell] > 0 and d.suffix_rates.hits[cell] == 0
+    for _ in range(12):
+        d.suffix_rates.add(cell, False)
+        d.suffix_rates.next_step()
+    again = d.propose(DecodeState(tokens=torch.tensor(seq), prompt_len=20, step=1))
+    learnt = d.suffix_rates.rates()[cell]
+    assert learnt < 0.25 and drafted_paths(again) == pytest.approx({(4,): learnt})
 
 
 @pytest.mark.parametrize("retrieval", ["suffix", "pld", "none"])

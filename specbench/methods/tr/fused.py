@@ -32,6 +32,8 @@ from specbench.registry import register
 
 MATRIX, RETRIEVAL = 1, 2  # source bits of a merged node
 NGRAM_CLASSES = 3  # matched n-gram size 1, 2, 3 or more
+SUFFIX_BINS = 10  # suffix_rates: a node's frequency estimate given its parent, in tenths
+SUFFIX_DEPTHS = 3  # suffix_rates: depth 1, 2, 3 or more below the root
 RETRIEVALS = ("suffix", "pld", "none")
 SUFFIX_CACHED = 10000  # suffix_global: answers kept in the global tree, oldest evicted (vLLM's default)
 
@@ -57,6 +59,36 @@ def merge_tree(children: list[list[int]], node_tokens: list[int], tokens: list[i
         base = 0 if par < 0 else at[par]
         at.append(None if base is None else next((c for c in children[base] if node_tokens[c] == tok), None))
     return at
+
+
+def suffix_cells(parents: list[int], probs: list[float]) -> list[int]:
+    """Each retrieved node's rate cell: its frequency estimate given its parent (its path estimate over
+    its parent's, in SUFFIX_BINS bins) and its depth (1, 2, 3 or more). `parents[i]` indexes the
+    nodes, -1 = the root; parents first."""
+    cells, depth = [], []
+    for par, prob in zip(parents, probs):
+        given = prob / probs[par] if par >= 0 and probs[par] > 0 else prob
+        depth.append(1 if par < 0 else depth[par] + 1)
+        b = min(max(int(given * SUFFIX_BINS), 0), SUFFIX_BINS - 1)
+        cells.append((min(depth[-1], SUFFIX_DEPTHS) - 1) * SUFFIX_BINS + b)
+    return cells
+
+
+def retrieved_trials(tokens: list[int], parents: list[int], cont: list[int]) -> list[tuple[int, bool]] | None:
+    """(node, accepted) for every drafted node whose parent lay on the decided path (the root's
+    children always), or None while `cont`, the tokens decided after the root, cannot settle them."""
+    trials, on_path, depth = [], -1, 0
+    while True:
+        kids = [i for i, par in enumerate(parents) if par == on_path]
+        if not kids:
+            return trials
+        if depth >= len(cont):
+            return None if len(cont) < len(tokens) else trials
+        nxt = next((i for i in kids if tokens[i] == cont[depth]), None)
+        trials += [(i, i == nxt) for i in kids]
+        if nxt is None:
+            return trials
+        on_path, depth = nxt, depth + 1
 
 
 def merge_chain(children: list[list[int]], node_tokens: list[int], chain: list[int]) -> tuple[list[int], int]:
@@ -88,6 +120,9 @@ class FusedTRSettings(AdaptiveTRSettings):
     suffix_min_prob: float = 0.1  # suffix: nodes whose frequency estimate is below this are not drafted
     suffix_tree: bool = True  # suffix: a tree of the likeliest continuations (false: one path, as vLLM)
     suffix_global: bool = False  # suffix: also a global tree over earlier answers and the running one
+    # suffix: each node's acceptance learnt per (frequency estimate given its parent, depth), as the
+    # matrix's confidences are; false: the frequency estimates themselves
+    suffix_rates: bool = True
     max_nodes: int = 80  # node budget of the merged tree per step
 
 
@@ -147,6 +182,10 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
                                    float(s.suffix_factor), 0.0, float(s.suffix_min_prob), bool(s.suffix_tree))
         self._suffix_len: int | None = None  # tokens of the running turn in the suffix tree (None: no turn)
         self._suffix_prompt = 0
+        # prior: the frequency estimate itself (the bin's middle), worth a few trials
+        self.suffix_rates = RateTable([(b + 0.5) / SUFFIX_BINS for _ in range(SUFFIX_DEPTHS) for b in range(SUFFIX_BINS)],
+                                      prior_steps=4, half_life=400)
+        self._retrieved: deque = deque()  # per step with a suffix draft: (root's index, tokens, parents, cells)
 
     # -- suffix retrieval ------------------------------------------------------------------------
     def _suffix_draft(self, state: DecodeState) -> tuple[list[int], list[int], list[float]]:
@@ -164,7 +203,29 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         spec, where = self._suffix.speculate(seq[-self.suffix_depth :].numpy())
         if spec.tokens and where == "global":
             self._global_drafts += 1
-        return spec.tokens, spec.parents, spec.probs
+        if not spec.tokens or not self.settings.suffix_rates:
+            return spec.tokens, spec.parents, spec.probs
+        cells = suffix_cells(spec.parents, spec.probs)
+        self._retrieved.append((seq.numel() - 1, spec.tokens, spec.parents, cells))
+        rates = self.suffix_rates.rates()
+        probs: list[float] = []
+        for par, cell in zip(spec.parents, cells):
+            probs.append(rates[cell] * (probs[par] if par >= 0 else 1.0))
+        return spec.tokens, spec.parents, probs
+
+    def _learn_retrieved(self, seq: torch.Tensor) -> None:
+        """Each drafted suffix node whose parent was right is a trial of its cell, decided once the
+        tokens after its step reach the tree's depth."""
+        while self._retrieved:
+            root_at, tokens, parents, cells = self._retrieved[0]
+            cont = seq[root_at + 1 : root_at + 1 + len(tokens)].tolist()
+            trials = retrieved_trials(tokens, parents, cont)
+            if trials is None:
+                return  # not decided yet (and later drafts even less)
+            self._retrieved.popleft()
+            for i, hit in trials:
+                self.suffix_rates.add(cells[i], hit)
+            self.suffix_rates.next_step()
 
     def _pld_draft(self, state: DecodeState) -> tuple[list[int], list[int], list[float]]:
         """Prompt Lookup's chain and its learnt per-depth estimates (nothing without a match)."""
@@ -203,8 +264,10 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
     def propose(self, state: DecodeState) -> Draft | None:
         if state.step == 0:
             self._chains.clear()
+            self._retrieved.clear()
         tokens, host_conf, bucket = self._prepare(state)
         self._learn_chains(state.tokens)
+        self._learn_retrieved(state.tokens)
         n = len(self.tree)
         p = self._probabilities(bucket, host_conf) if self.use_matrix else [0.0] * n
         parents = list(self.tree.parents)
