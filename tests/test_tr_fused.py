@@ -54,9 +54,10 @@ def test_chain_rates_learn_from_what_followed():
 @pytest.mark.parametrize("settings", [{}, {"matrix": False}, {"retrieval": False}, {"max_nodes": 2},
                                       {"retrieval": "suffix"}, {"retrieval": "suffix", "matrix": False},
                                       {"retrieval": "suffix", "suffix_tree": False},
-                                      {"retrieval": "suffix", "suffix_global": True}],
+                                      {"retrieval": "suffix", "suffix_global": True},
+                                      {"retrieval": "suffix", "suffix_rates": True}],
                          ids=["both", "retrieval_only", "matrix_only", "budget_2", "suffix", "suffix_only",
-                              "suffix_path", "suffix_global"])
+                              "suffix_path", "suffix_global", "suffix_rates"])
 def test_exact_tokens_and_sources_on_a_tiny_model(tiny_llama, settings):
     engine = Engine(tiny_llama, eos_token_ids=[])
     prompt = [5, 17, 3, 17, 42, 8, 5, 17, 3, 9, 11, 5, 17]
@@ -145,7 +146,8 @@ def test_suffix_rates_learn_what_the_frequency_estimates_promise():
     """A frequency estimate that keeps failing pulls its cell's rate down; the next draft's node
     estimate is the learnt rate, not the frequency."""
     d = FusedTokenRecycling(vocab_size=20, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
-                            retrieval="suffix", suffix_min_prob=0.0, suffix_factor=2.0, suffix_tokens=1)
+                            retrieval="suffix", suffix_min_prob=0.0, suffix_factor=2.0, suffix_tokens=1,
+                            suffix_rates=True)
     seq = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3]
     first = d.propose(DecodeState(tokens=torch.tensor(seq), prompt_len=20, step=0))
     assert drafted_paths(first) == pytest.approx({(4,): 0.75})  # the prior: the bin's middle
