@@ -313,3 +313,24 @@ def test_gemma3_in_float16_ends_in_one_error_line_naming_the_overflow(tmp_path):
     assert "first overflows at model.layers." in errors[0] and "dtype=bfloat16" in errors[0]
     assert not list((tmp_path / "results").rglob("answers.jsonl"))  # nothing measured on NaN
     assert not list((tmp_path / "results").rglob("summary.json"))
+
+
+def test_a_superseded_folder_s_gzipped_answers_load_as_written(tmp_path):
+    """Superseded results folders keep their answers gzipped (the checkout travels to a GPU node):
+    read as the plain file was, and a committed one's runs come back whole."""
+    import gzip
+
+    from specbench.report.collect import load_run
+    from specbench.run.results_io import compressed, jsonl_exists
+
+    rows = [{"question_id": 1}, {"question_id": 2}]
+    plain = tmp_path / "answers.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with gzip.open(compressed(plain), "wt") as f:
+        f.write(plain.read_text())
+    plain.unlink()
+    assert jsonl_exists(plain) and read_jsonl(plain) == rows
+    run_dir = ROOT / "results" / "cpu-topk" / "smollm2-135m" / "spec_bench-ps2" / "suffix-t0-m128-r1"
+    assert not (run_dir / "answers.jsonl").exists() and compressed(run_dir / "answers.jsonl").is_file()
+    run = load_run(run_dir)
+    assert len(run.records) == len(run.baseline) == 12

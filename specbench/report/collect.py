@@ -21,7 +21,7 @@ from specbench.inputs.questions import SUBTASKS
 from specbench.report import tables
 from specbench.run import metrics
 from specbench.run.lossless import tally
-from specbench.run.results_io import read_jsonl
+from specbench.run.results_io import jsonl_exists, read_jsonl
 
 
 @dataclass
@@ -62,11 +62,11 @@ def find_run_dirs(root: str | Path) -> list[Path]:
 def _baseline_dir(path: Path, method: str, summary: dict | None) -> Path | None:
     if summary and summary.get("baseline_dir"):
         d = Path(summary["baseline_dir"])
-        if (d / "answers.jsonl").is_file():
+        if jsonl_exists(d / "answers.jsonl"):
             return d
     if path.name.startswith(method + "-"):  # the sibling ar-... directory (no method variant)
         d = path.parent / ("ar" + path.name[len(method):].split("~")[0])
-        if (d / "answers.jsonl").is_file():
+        if jsonl_exists(d / "answers.jsonl"):
             return d
     return None
 
@@ -80,7 +80,7 @@ def load_run(path: str | Path) -> Run:
     method = run.method
     if method == "ar":
         run.baseline = run.records
-    elif (path / "baseline_answers.jsonl").is_file():
+    elif jsonl_exists(path / "baseline_answers.jsonl"):
         run.baseline = _dedup(read_jsonl(path / "baseline_answers.jsonl"))
     else:
         base = _baseline_dir(path, method, summary)

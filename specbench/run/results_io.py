@@ -9,6 +9,7 @@ corrupt JSON file) is one `ResultsFileError` line naming the path (run.py prints
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -68,14 +69,29 @@ def _whole_lines_end(fd: int) -> int:
     return end
 
 
+def compressed(path: Path) -> Path:
+    """Where a superseded results folder keeps `path` gzipped (its answers kept, small, so the
+    checkout that travels to a GPU node stays light: results/README.md names those folders)."""
+    return path.with_name(path.name + ".gz")
+
+
+def jsonl_exists(path: Path) -> bool:
+    """`path` is there, as written or gzipped (compressed)."""
+    return path.is_file() or compressed(path).is_file()
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Complete lines only: a last line cut by a crash is dropped (and rewritten on resume). A whole
-    line that is not JSON is ResultsFileError naming the file and line."""
-    if not path.is_file():
+    line that is not JSON is ResultsFileError naming the file and line. An archived folder's gzipped
+    copy (`compressed`) is read where the file itself is not there."""
+    path = Path(path)
+    if not path.is_file() and compressed(path).is_file():
+        path = compressed(path)
+    elif not path.is_file():
         return []
     records = []
     try:
-        with path.open(encoding="utf-8") as f:
+        with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")) as f:
             for lineno, line in enumerate(f, 1):
                 if not line.endswith("\n"):
                     break
