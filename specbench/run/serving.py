@@ -177,7 +177,7 @@ def serving_summary(plan: RunPlan, side: dict, ar_side: dict | None, checks: lis
     cfg = plan.settings
     fig, base = side["figures"], (ar_side or {}).get("figures")
     return {
-        "method": cfg.method["name"], "method_params": method_params(cfg), "model": cfg.model.name,
+        "method": plan.method, "method_params": method_params(cfg), "model": cfg.model.name,
         "task": cfg.task.name, "dtype": cfg.dtype, "device": plan.device_name, "forward": plan.forward,
         "host_memory": cfg.host_memory,
         "max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,

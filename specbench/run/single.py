@@ -124,7 +124,7 @@ def summarize(plan: RunPlan, records: list[dict], base: list[dict], checks: list
     base = [b for b in base if b["question_id"] in ids]
     ci = metrics.speedup_ci(records, base) if base else None
     summary = {
-        "method": cfg.method["name"], "method_params": method_params(cfg),
+        "method": plan.method, "method_params": method_params(cfg),
         "lossless_method": lossless_method,  # false: lossy by design, outside the lossless tally
         "model": cfg.model.name, "task": cfg.task.name, "temperature": cfg.temperature,
         "top_k": cfg.top_k, "top_p": cfg.top_p,
@@ -298,8 +298,8 @@ def run_single(given) -> "Finished":
     measure_rounding_band(run)  # before anything is timed (cached per model, device, dtype, forward)
     cfg = run.cfg  # the settings as planned (a step down while loading included)
     if run.todo and cfg.warmup:
-        warm_up(cfg.warmup, cfg.warmup_on, run.engine, [run.ar] if run.method == "ar" else [run.ar, run.drafter], run.tok,
-                run.questions, cfg.model.chat_template, cfg.max_new_tokens, run.sampler)
+        warm_up(cfg.warmup, cfg.warmup_on, run.engine, [run.ar] if run.method == "ar" else [run.ar, run.drafter],
+                run.tok, run.questions, cfg.model.chat_template, cfg.max_new_tokens, run.sampler)
     answer_questions(run, baseline)
     return finish(run, baseline)
 
@@ -308,7 +308,8 @@ def write_run_config(run: "RunInProgress") -> None:
     """run_config.json: the run's identity, its settings as planned, and the rounding band it measured."""
     band = {k: run.band[k] for k in ("band_ulps", "band_logits", "measured_ulps", "measured_logits", "safety",
                                      "forward", "cached") if k in run.band} if run.band else None
-    write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(run.plan), "config": run.plan.recorded(),
+    write_json_atomic(run.out_dir / "run_config.json", {"identity": run_identity(run.plan),
+                                                        "config": run.plan.recorded(),
                                                         **({"rounding_band": band} if band else {})})
 
 

@@ -183,8 +183,8 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         self._suffix_len: int | None = None  # tokens of the running turn in the suffix tree (None: no turn)
         self._suffix_prompt = 0
         # prior: the frequency estimate itself (the bin's middle), worth a few trials
-        self.suffix_rates = RateTable([(b + 0.5) / SUFFIX_BINS for _ in range(SUFFIX_DEPTHS) for b in range(SUFFIX_BINS)],
-                                      prior_steps=4, half_life=400)
+        prior = [(b + 0.5) / SUFFIX_BINS for _ in range(SUFFIX_DEPTHS) for b in range(SUFFIX_BINS)]
+        self.suffix_rates = RateTable(prior, prior_steps=4, half_life=400)
         self._retrieved: deque = deque()  # per step with a suffix draft: (root's index, tokens, parents, cells)
 
     # -- suffix retrieval ------------------------------------------------------------------------
