@@ -10,7 +10,7 @@ from specbench.methods.tr.adaptive import AdaptiveTokenRecycling
 from specbench.methods.tr.base import TokenRecycling
 from specbench.speculation.cost import CostCurve
 from specbench.draft import DecodeState, StepOutcome
-from specbench.speculation.goodput import (AcceptanceStats, RateTable, best_size, choose_nodes, counterfactual_path, monotone_down, path_probabilities, prior_probabilities, subtree_parents)
+from specbench.speculation.goodput import (AcceptanceStats, PooledRateTable, RateTable, best_size, choose_nodes, counterfactual_path, monotone_down, path_probabilities, prior_probabilities, subtree_parents)
 from specbench.draft import DraftTree
 
 T1 = 0.064
@@ -245,3 +245,17 @@ def test_run_with_adaptive_tr_reports_rows_and_bound(real_model, tmp_path, capsy
     assert json.loads((tmp_path / "run" / "cost_curve.json").read_text())["times_ms"]["1"] == 64.0
     out = capsys.readouterr().out
     assert "| tr_adaptive " in out and "bound" in out
+
+
+def test_a_pooled_cell_starts_from_its_pools_rate():
+    """Cells 0 and 1 share pool 0; cell 2 is alone in pool 1. Trials of cell 0 move cell 1's rate,
+    which has none of its own, towards what the pool has seen; cell 2 keeps its prior."""
+    rates = PooledRateTable([0.9, 0.9, 0.5], pools=[0, 0, 1], prior_steps=2, half_life=1e9)
+    for _ in range(20):
+        rates.add(0, False)
+        rates.next_step()
+    q = rates.rates()
+    assert q[1] == pytest.approx(rates.pool.rates()[0]) and q[1] < 0.2
+    assert q[0] < q[1] and q[2] == pytest.approx(0.5)
+    plain = RateTable([0.9, 0.9, 0.5], prior_steps=2, half_life=1e9)
+    assert plain.rates()[1] == pytest.approx(0.9)

@@ -42,13 +42,35 @@ def test_chain_hangs_below_the_shared_nodes_in_the_draft():
 
 def test_chain_rates_learn_from_what_followed():
     d = FusedTokenRecycling(vocab_size=20, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, num_pred_tokens=3)
-    d._chains.append((0, [5, 6, 7], 2))
+    d._chains.append((0, [5, 6, 7], 2, 1))  # its first token is a template node too
     d._learn_chains(torch.tensor([1, 5]))  # one token decided, still right: wait
     assert len(d._chains) == 1
     d._learn_chains(torch.tensor([1, 5, 9]))  # second token wrong: depths 1 (hit) and 2 (miss)
     assert not d._chains
-    assert d.chain_rates.trials[d._chain_cell(2, 1)] > 0 and d.chain_rates.hits[d._chain_cell(2, 2)] == 0
+    # depth 1 counted among the tokens the template drafts too, depth 2 among those it does not
+    assert d.chain_rates.trials[d._chain_cell(2, 1, agreed=True)] > 0
+    assert d.chain_rates.trials[d._chain_cell(2, 1)] == 0
+    assert d.chain_rates.trials[d._chain_cell(2, 2)] > 0 and d.chain_rates.hits[d._chain_cell(2, 2)] == 0
     assert d.chain_rates.trials[d._chain_cell(2, 3)] == 0
+
+
+def test_template_nodes_the_chain_confirms_are_learnt_apart():
+    """A matrix node that the chain also drafts is accepted more often than its confidence cell says
+    over all nodes; tr_fused keeps the two apart (method.agreement), and the chain's tokens the same way."""
+    d = FusedTokenRecycling(vocab_size=20, k=2, tree=[[2]], cost_curve=FLAT, confidence=True,
+                            context_buckets=False, num_pred_tokens=3, pooled_prior=False)
+    tokens = torch.tensor([3, 5, 6])  # root 3; node 1 (rank 0) drafts 5, node 2 (rank 1) drafts 6
+    conf = torch.tensor([1.0, 0.55, 0.55])
+    for _ in range(30):  # the chain drafts node 1's token, and node 1 is always right
+        d._pending.append([0, tokens, conf, 0, frozenset({1})])
+        d._learn(torch.tensor([3, 5]))
+    rates = d.rates.rates()
+    assert rates[d._cell(0.55, 1, 0, agreed=True)] > 0.9
+    assert rates[d._cell(0.55, 1, 0)] == pytest.approx(0.55)  # never a trial: its prior
+    plain = FusedTokenRecycling(vocab_size=20, k=2, tree=[[2]], cost_curve=FLAT, confidence=True,
+                                context_buckets=False, num_pred_tokens=3, agreement=False)
+    assert len(plain.rates.prior) * 2 == len(d.rates.prior)
+    assert len(plain.chain_rates.prior) * 2 == len(d.chain_rates.prior)
 
 
 @pytest.mark.parametrize("settings", [{}, {"matrix": False}, {"retrieval": False}, {"max_nodes": 2},

@@ -203,3 +203,36 @@ class RateTable:
             self._rates = [(h + pm * p0) / (t + pm) if t + pm > 0 else p0
                            for h, t, p0 in zip(self.hits, self.trials, self.prior)]
         return self._rates
+
+
+class PooledRateTable(RateTable):
+    """A RateTable whose cells are shrunk towards their pool's rate instead of a fixed prior: a pool
+    (`pools[cell]`, a coarser class such as the confidence bin alone) sees every trial of its cells
+    and is itself shrunk towards `prior`, averaged over its cells. A cell with few trials so starts from
+    what its pool has seen on this text, not from a guess made before any."""
+
+    def __init__(self, prior: Sequence[float], pools: Sequence[int], prior_steps: float = 4.0,
+                 half_life: float = 400.0):
+        super().__init__(prior, prior_steps, half_life)
+        self.pools = list(pools)
+        members: dict[int, list[float]] = {}
+        for cell, pool in enumerate(self.pools):
+            members.setdefault(pool, []).append(self.prior[cell])
+        self.pool = RateTable([sum(members[g]) / len(members[g]) for g in range(max(self.pools) + 1)],
+                              prior_steps, half_life)
+
+    def add(self, cell: int, hit: bool) -> None:
+        super().add(cell, hit)
+        self.pool.add(self.pools[cell], hit)
+
+    def next_step(self) -> None:
+        super().next_step()
+        self.pool.next_step()
+
+    def rates(self) -> list[float]:
+        if self._rates is None:
+            pooled = self.pool.rates()
+            pm = self.prior_steps * self.weight
+            self._rates = [(h + pm * pooled[g]) / (t + pm) if t + pm > 0 else pooled[g]
+                           for h, t, g in zip(self.hits, self.trials, self.pools)]
+        return self._rates

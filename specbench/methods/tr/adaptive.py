@@ -14,7 +14,7 @@ import torch
 from specbench.speculation.cost import StepTimes, load_curve_file, resolve_curve
 from specbench.draft import DecodeState, Draft
 from specbench.errors import SettingsError
-from specbench.speculation.goodput import (AcceptanceStats, RateTable, check_decay, choose_nodes, counterfactual_path, path_probabilities, prior_probabilities, subtree_parents)
+from specbench.speculation.goodput import (AcceptanceStats, PooledRateTable, RateTable, check_decay, choose_nodes, counterfactual_path, path_probabilities, prior_probabilities, subtree_parents)
 from specbench.registry import register
 from specbench.decoding.transfers import HostCopy, to_device
 from specbench.draft import DraftTree
@@ -32,6 +32,12 @@ class AdaptiveTRSettings(TRSettings):
     prior_steps: Optional[float] = None  # weight of the prior, in steps; None: 4 (confidence), 8 (slots)
     prior_per_depth: float = 0.5  # slot prior p(node) = prior_per_depth ** depth / (1 + sibling rank)
     context_buckets: bool = True  # separate statistics for roots the matrix predicted at rank 0 and the rest
+    # confidence: separate rates at depth 1, 2 and 3 or more (a node below an accepted one is likelier
+    # right than its cell's rate over all depths; false: one rate at every depth, as before 2026-11-27)
+    depth_cells: bool = True
+    # confidence: a cell with few trials leans on the rate of its confidence bin over every cell (false:
+    # on the bin's midpoint, a prior that overstates acceptance, as before 2026-11-27)
+    pooled_prior: bool = True
 
 
 @register("tr_adaptive")
@@ -61,6 +67,9 @@ class AdaptiveTokenRecycling(TokenRecycling):
     """
 
     BINS = 10  # confidence bins of width 0.1, plus one for entries never written
+    # tr_fused: 2, a node that another source drafts too is counted in cells of its own (the cell's
+    # rate over all nodes overstates the nodes no other source confirms)
+    AGREEMENT_CLASSES = 1
 
     Settings = AdaptiveTRSettings
 
@@ -89,21 +98,26 @@ class AdaptiveTokenRecycling(TokenRecycling):
     def reset(self) -> None:
         """An empty matrix and the prior statistics, as built."""
         super().reset()
-        buckets = 2 if self.context_buckets else 1
+        buckets = self._buckets = 2 if self.context_buckets else 1
         ranks = self.tree.sibling_rank()
         prior_steps, half_life = self._prior_steps, self._half_life
         if self.confidence:
             self.probs = torch.zeros(self.matrix.shape, dtype=torch.float32, device=self.device)
             self._rank_class = [min(r, 2) for r in ranks]
+            self._depths = 3 if self.settings.depth_cells else 1
+            self._depth_class = [min(d, self._depths) - 1 for d in self.tree.depths.tolist()[1:]]
             # prior rate of a cell: its confidence bin's midpoint; never-written entries rarely hit
             per_bucket = [(b + 0.5) / self.BINS for b in range(self.BINS)] + [0.02]
-            self.rates = RateTable(per_bucket * (3 * buckets), prior_steps if prior_steps is not None else 4,
-                                   half_life if half_life is not None else 400)
+            prior = per_bucket * (3 * buckets * self._depths * self.AGREEMENT_CLASSES)
+            steps, life = prior_steps if prior_steps is not None else 4, half_life if half_life is not None else 400
+            self.rates = (PooledRateTable(prior, [c % (self.BINS + 1) for c in range(len(prior))], steps, life)
+                          if self.settings.pooled_prior else RateTable(prior, steps, life))
         else:
             prior = prior_probabilities(self.tree.depths.tolist()[1:], ranks, self._prior_per_depth)
             self.stats = AcceptanceStats(prior, prior_steps if prior_steps is not None else 8,
                                          half_life if half_life is not None else 200, buckets)
-        self._pending: deque = deque()  # per step: (root's index, template tokens, confidences, bucket)
+        # per step: [root's index, template tokens, confidences, bucket, nodes another source also drafted]
+        self._pending: deque = deque()
         self._last: tuple[int, torch.Tensor] | None = None  # the previous step's (root index, tokens)
         # (bucket as _bucket says, the step's length bucket on the curve) -> (stats version, nodes)
         self._choice: dict[tuple[int, int | None], tuple[int, tuple[int, ...]]] = {}
@@ -140,9 +154,10 @@ class AdaptiveTokenRecycling(TokenRecycling):
             conf[idx] = self.probs[src, rank]
         return tokens, conf
 
-    def _cell(self, confidence: float, node: int, bucket: int) -> int:
+    def _cell(self, confidence: float, node: int, bucket: int, agreed: bool = False) -> int:
         b = min(int(confidence * self.BINS), self.BINS - 1) if confidence > 0 else self.BINS
-        return (bucket * 3 + self._rank_class[node - 1]) * (self.BINS + 1) + b
+        group = (agreed * self._buckets + bucket) * self._depths + self._depth_class[node - 1]
+        return (group * 3 + self._rank_class[node - 1]) * (self.BINS + 1) + b
 
     def _bucket(self, seq: torch.Tensor) -> int:
         """1 when the root (the last decided token) was its predecessor's rank-0 candidate in the
@@ -166,7 +181,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
         """Count the steps whose continuation is now decided as deep as the template reaches."""
         depth = self.tree.max_depth
         while self._pending and self._pending[0][0] + depth < seq.numel():
-            root_at, tokens, conf, bucket = self._pending.popleft()
+            root_at, tokens, conf, bucket, agreed = self._pending.popleft()
             cont = seq[root_at + 1 : root_at + 1 + depth].tolist()
             path = counterfactual_path(self.tree.children, tokens.tolist(), cont)
             if conf is None:
@@ -177,17 +192,18 @@ class AdaptiveTokenRecycling(TokenRecycling):
             for i, parent in enumerate(on_path):  # a trial for every child of an on-path node
                 nxt = on_path[i + 1] if i + 1 < len(on_path) else -1
                 for child in self.tree.children[parent]:
-                    self.rates.add(self._cell(conf[child], child, bucket), child == nxt)
+                    self.rates.add(self._cell(conf[child], child, bucket, child in agreed), child == nxt)
             self.rates.next_step()
 
     # -- choosing --------------------------------------------------------------------------------
-    def _probabilities(self, bucket: int, conf: torch.Tensor | None) -> list[float]:
-        """p(v) for every template node, this step: from the confidences, else slot statistics."""
+    def _probabilities(self, bucket: int, conf: torch.Tensor | None, agreed: frozenset = frozenset()) -> list[float]:
+        """p(v) for every template node, this step: from the confidences, else slot statistics.
+        `agreed`: the nodes another source drafts too (tr_fused)."""
         if conf is None:
             return self.stats.probabilities(bucket)
         rates = self.rates.rates()
         c = conf.tolist()
-        q = [rates[self._cell(c[v], v, bucket)] for v in range(1, self.tree.size)]
+        q = [rates[self._cell(c[v], v, bucket, v in agreed)] for v in range(1, self.tree.size)]
         return path_probabilities(self.tree.parents, q)
 
     @property
@@ -232,7 +248,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
         # waited on then (confidences are read now: on an accelerator the sync the docstring mentions).
         host = HostCopy(tokens)
         host_conf = None if conf is None else conf.to("cpu")
-        self._pending.append((seq.numel() - 1, host, host_conf, bucket))
+        self._pending.append([seq.numel() - 1, host, host_conf, bucket, frozenset()])
         self._last = (seq.numel() - 1, host)
         return tokens, host_conf, bucket
 

@@ -124,6 +124,9 @@ class FusedTRSettings(AdaptiveTRSettings):
     # matrix's confidences are, instead of the frequency estimate itself (results/cpu-leaders-suffix-rates)
     suffix_rates: bool = False
     max_nodes: int = 80  # node budget of the merged tree per step
+    # a node both sources draft is counted apart from the nodes only one drafts, in the matrix's cells
+    # and the chain's (false: one rate per cell whatever the other source drafted, as before 2026-11-27)
+    agreement: bool = True
 
 
 @register("tr_fused")
@@ -140,6 +143,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         self.max_ngram_size, self.num_pred_tokens = int(s.max_ngram_size), int(s.num_pred_tokens)
         self.suffix_depth, self.suffix_tokens = int(s.suffix_depth), int(s.suffix_tokens)
         self.max_nodes = int(s.max_nodes)
+        self.AGREEMENT_CLASSES = 2 if s.agreement else 1
         super().__init__(target, s, **{k: v for k, v in values.items() if k in TARGET_FACTS})
         extra = {"suffix": self.suffix_tokens, "pld": self.num_pred_tokens}.get(self.retrieval, 0)
         self.times = StepTimes(self.curve, self.tree.size + extra)
@@ -169,9 +173,11 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
     def reset(self) -> None:
         super().reset()
         # prior: the first chain token right 40% of the time, each later one 70% given its parent
-        prior = [0.4 if d == 0 else 0.7 for _ in range(NGRAM_CLASSES) for d in range(self.num_pred_tokens)]
+        prior = [0.4 if d == 0 else 0.7 for _ in range(self.AGREEMENT_CLASSES * NGRAM_CLASSES)
+                 for d in range(self.num_pred_tokens)]
         self.chain_rates = RateTable(prior, prior_steps=4, half_life=400)
-        self._chains: deque = deque()  # per step with a match: (root's index, chain tokens, n-gram class)
+        # per step with a match: (root's index, chain tokens, n-gram class, how many the template drafts too)
+        self._chains: deque = deque()
         self._sources: list[int] = []  # source bits of the drafted nodes, in sub-tree order
         self._subtrees_fused: dict[tuple[int, ...], DraftTree] = {}
         self._accepted_from = [0, 0, 0]  # matrix only, retrieval only, both
@@ -227,37 +233,40 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
                 self.suffix_rates.add(cells[i], hit)
             self.suffix_rates.next_step()
 
-    def _pld_draft(self, state: DecodeState) -> tuple[list[int], list[int], list[float]]:
-        """Prompt Lookup's chain and its learnt per-depth estimates (nothing without a match)."""
+    def _pld_chain(self, state: DecodeState) -> tuple[list[int], int]:
+        """Prompt Lookup's chain and its n-gram class (an empty chain without a match)."""
         match = find_match(state.tokens, self.max_ngram_size, self.num_pred_tokens)
         if match is None:
-            return [], [], []
-        chain, size = match[0].tolist(), match[1]
-        cls = min(size, NGRAM_CLASSES) - 1
-        self._chains.append((state.tokens.numel() - 1, chain, cls))
+            return [], 0
+        return match[0].tolist(), min(match[1], NGRAM_CLASSES) - 1
+
+    def _chain_probabilities(self, chain: list[int], cls: int, agreed: int) -> list[float]:
+        """Each chain token's learnt estimate of being accepted (its first `agreed` tokens are template
+        nodes too); the chain is remembered, to be learnt from once decided."""
+        self._chains.append((self._root_at, chain, cls, agreed))
         rates = self.chain_rates.rates()
         chain_p, prob = [], 1.0
         for d in range(1, len(chain) + 1):
-            prob *= rates[self._chain_cell(cls, d)]
+            prob *= rates[self._chain_cell(cls, d, d <= agreed)]
             chain_p.append(prob)
-        return chain, list(range(-1, len(chain) - 1)), chain_p
+        return chain_p
 
-    def _chain_cell(self, ngram_class: int, depth: int) -> int:
-        return ngram_class * self.num_pred_tokens + depth - 1
+    def _chain_cell(self, ngram_class: int, depth: int, agreed: bool = False) -> int:
+        return ((agreed and self.AGREEMENT_CLASSES > 1) * NGRAM_CLASSES + ngram_class) * self.num_pred_tokens + depth - 1
 
     # -- retrieval statistics --------------------------------------------------------------------
     def _learn_chains(self, seq: torch.Tensor) -> None:
         """A chain token at depth d is a trial when the chain was right up to d - 1; decided once a
         token differs from what followed the root or the whole chain is decided."""
         while self._chains:
-            root_at, chain, cls = self._chains[0]
+            root_at, chain, cls, agreed = self._chains[0]
             cont = seq[root_at + 1 : root_at + 1 + len(chain)].tolist()
             right = next((i for i, (a, b) in enumerate(zip(chain, cont)) if a != b), len(cont))
             if right == len(cont) and len(cont) < len(chain):
                 return  # not decided yet (and later chains even less)
             self._chains.popleft()
             for d in range(1, min(right + 1, len(chain)) + 1):
-                self.chain_rates.add(self._chain_cell(cls, d), d <= right)
+                self.chain_rates.add(self._chain_cell(cls, d, d <= agreed), d <= right)
             self.chain_rates.next_step()
 
     # -- drafting --------------------------------------------------------------------------------
@@ -266,36 +275,44 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
             self._chains.clear()
             self._retrieved.clear()
         tokens, host_conf, bucket = self._prepare(state)
+        self._root_at = state.tokens.numel() - 1
         self._learn_chains(state.tokens)
         self._learn_retrieved(state.tokens)
-        n = len(self.tree)
-        p = self._probabilities(bucket, host_conf) if self.use_matrix else [0.0] * n
-        parents = list(self.tree.parents)
-        source = [MATRIX if self.use_matrix else 0] * n
-        extra: list[int] = []
         if self.retrieval == "suffix":
             r_tokens, r_parents, r_probs = self._suffix_draft(state)
         elif self.retrieval == "pld":
-            r_tokens, r_parents, r_probs = self._pld_draft(state)
+            (r_tokens, cls), r_probs = self._pld_chain(state), None
+            r_parents = list(range(-1, len(r_tokens) - 1))
         else:
             r_tokens = r_parents = r_probs = []
+        at: list[int | None] = []
         if r_tokens:
             self._retrieval_steps += 1
             # the template's tokens on the host: waits for the copy _prepare started (on an
             # accelerator the step's second synchronisation, and only on steps with a retrieval)
             at = merge_tree(self.tree.children, self._last[1].tolist(), r_tokens, r_parents)
-            place: list[int] = []  # each retrieved node's id in the merged tree
-            for tok, par, pv, v in zip(r_tokens, r_parents, r_probs, at):
-                if v is not None:  # shared with the template
-                    p[v - 1] = max(p[v - 1], pv)
-                    source[v - 1] |= RETRIEVAL
-                else:
-                    parents.append(0 if par < 0 else place[par])
-                    p.append(pv)
-                    source.append(RETRIEVAL)
-                    extra.append(tok)
-                    v = len(parents)
-                place.append(v)
+        agreed = frozenset(v for v in at if v is not None) if self.use_matrix else frozenset()
+        if r_probs is None:  # the chain's estimates depend on how much of it the template drafts
+            r_probs = self._chain_probabilities(r_tokens, cls, len(agreed)) if r_tokens else []
+        if self.AGREEMENT_CLASSES > 1:
+            self._pending[-1][4] = agreed  # the matrix learns this step's nodes in their agreement cells
+        n = len(self.tree)
+        p = self._probabilities(bucket, host_conf, agreed) if self.use_matrix else [0.0] * n
+        parents = list(self.tree.parents)
+        source = [MATRIX if self.use_matrix else 0] * n
+        extra: list[int] = []
+        place: list[int] = []  # each retrieved node's id in the merged tree
+        for tok, par, pv, v in zip(r_tokens, r_parents, r_probs, at):
+            if v is not None:  # shared with the template
+                p[v - 1] = max(p[v - 1], pv)
+                source[v - 1] |= RETRIEVAL
+            else:
+                parents.append(0 if par < 0 else place[par])
+                p.append(pv)
+                source.append(RETRIEVAL)
+                extra.append(tok)
+                v = len(parents)
+            place.append(v)
         # t(w) after the step's cached tokens (the root is not cached yet)
         nodes = choose_nodes(p, parents, self.times.at(state.tokens.numel() - 1), self.min_gain, self.max_nodes)
         self._drafted = nodes
