@@ -77,9 +77,10 @@ def test_template_nodes_the_chain_confirms_are_learnt_apart():
                                       {"retrieval": "suffix"}, {"retrieval": "suffix", "matrix": False},
                                       {"retrieval": "suffix", "suffix_tree": False},
                                       {"retrieval": "suffix", "suffix_global": True},
-                                      {"retrieval": "suffix", "suffix_rates": True}],
+                                      {"retrieval": "suffix", "suffix_rates": True},
+                                      {"agreement": False, "depth_cells": False, "pooled_prior": False}],
                          ids=["both", "retrieval_only", "matrix_only", "budget_2", "suffix", "suffix_only",
-                              "suffix_path", "suffix_global", "suffix_rates"])
+                              "suffix_path", "suffix_global", "suffix_rates", "earlier_estimator"])
 def test_exact_tokens_and_sources_on_a_tiny_model(tiny_llama, settings):
     engine = Engine(tiny_llama, eos_token_ids=[])
     prompt = [5, 17, 3, 17, 42, 8, 5, 17, 3, 9, 11, 5, 17]

@@ -156,6 +156,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
 
     def _cell(self, confidence: float, node: int, bucket: int, agreed: bool = False) -> int:
         b = min(int(confidence * self.BINS), self.BINS - 1) if confidence > 0 else self.BINS
+        agreed = agreed and self.AGREEMENT_CLASSES > 1
         group = (agreed * self._buckets + bucket) * self._depths + self._depth_class[node - 1]
         return (group * 3 + self._rank_class[node - 1]) * (self.BINS + 1) + b
 
