@@ -38,7 +38,7 @@ HARNESS_METHODS = {"tr": "tr", "medusa": "medusa", "eagle2": "eagle", "pld": "pl
                    "lookahead": "lookahead", "sps": "sps"}
 
 # The current committed CPU sweeps (results/README.md); where two hold a method, the first wins.
-CURRENT_TRACES = ("results/cpu-headline",)
+CURRENT_TRACES = ("results/cpu-headline-v2",)
 
 
 def predicted_speedup(curve: CostCurve, mat: float, rows: float) -> float:

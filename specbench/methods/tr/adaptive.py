@@ -14,7 +14,9 @@ import torch
 from specbench.speculation.cost import StepTimes, load_curve_file, resolve_curve
 from specbench.draft import DecodeState, Draft
 from specbench.errors import SettingsError
-from specbench.speculation.goodput import (AcceptanceStats, PooledRateTable, RateTable, check_decay, choose_nodes, counterfactual_path, path_probabilities, prior_probabilities, subtree_parents)
+from specbench.speculation.goodput import (AcceptanceStats, PooledRateTable, RateTable, check_decay, choose_nodes,
+                                           counterfactual_path, path_probabilities, prior_probabilities,
+                                           subtree_parents)
 from specbench.registry import register
 from specbench.decoding.transfers import HostCopy, to_device
 from specbench.draft import DraftTree
@@ -69,7 +71,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
     BINS = 10  # confidence bins of width 0.1, plus one for entries never written
     # tr_fused: 2, a node that another source drafts too is counted in cells of its own (the cell's
     # rate over all nodes overstates the nodes no other source confirms)
-    AGREEMENT_CLASSES = 1
+    agreement_classes = 1
 
     Settings = AdaptiveTRSettings
 
@@ -108,7 +110,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
             self._depth_class = [min(d, self._depths) - 1 for d in self.tree.depths.tolist()[1:]]
             # prior rate of a cell: its confidence bin's midpoint; never-written entries rarely hit
             per_bucket = [(b + 0.5) / self.BINS for b in range(self.BINS)] + [0.02]
-            prior = per_bucket * (3 * buckets * self._depths * self.AGREEMENT_CLASSES)
+            prior = per_bucket * (3 * buckets * self._depths * self.agreement_classes)
             steps, life = prior_steps if prior_steps is not None else 4, half_life if half_life is not None else 400
             self.rates = (PooledRateTable(prior, [c % (self.BINS + 1) for c in range(len(prior))], steps, life)
                           if self.settings.pooled_prior else RateTable(prior, steps, life))
@@ -156,7 +158,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
 
     def _cell(self, confidence: float, node: int, bucket: int, agreed: bool = False) -> int:
         b = min(int(confidence * self.BINS), self.BINS - 1) if confidence > 0 else self.BINS
-        agreed = agreed and self.AGREEMENT_CLASSES > 1
+        agreed = agreed and self.agreement_classes > 1
         group = (agreed * self._buckets + bucket) * self._depths + self._depth_class[node - 1]
         return (group * 3 + self._rank_class[node - 1]) * (self.BINS + 1) + b
 

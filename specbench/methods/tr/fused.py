@@ -143,7 +143,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         self.max_ngram_size, self.num_pred_tokens = int(s.max_ngram_size), int(s.num_pred_tokens)
         self.suffix_depth, self.suffix_tokens = int(s.suffix_depth), int(s.suffix_tokens)
         self.max_nodes = int(s.max_nodes)
-        self.AGREEMENT_CLASSES = 2 if s.agreement else 1
+        self.agreement_classes = 2 if s.agreement else 1
         super().__init__(target, s, **{k: v for k, v in values.items() if k in TARGET_FACTS})
         extra = {"suffix": self.suffix_tokens, "pld": self.num_pred_tokens}.get(self.retrieval, 0)
         self.times = StepTimes(self.curve, self.tree.size + extra)
@@ -173,11 +173,12 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
     def reset(self) -> None:
         super().reset()
         # prior: the first chain token right 40% of the time, each later one 70% given its parent
-        prior = [0.4 if d == 0 else 0.7 for _ in range(self.AGREEMENT_CLASSES * NGRAM_CLASSES)
+        prior = [0.4 if d == 0 else 0.7 for _ in range(self.agreement_classes * NGRAM_CLASSES)
                  for d in range(self.num_pred_tokens)]
         self.chain_rates = RateTable(prior, prior_steps=4, half_life=400)
         # per step with a match: (root's index, chain tokens, n-gram class, how many the template drafts too)
         self._chains: deque = deque()
+        self._root_at = 0  # the index of this step's root in the decided tokens
         self._sources: list[int] = []  # source bits of the drafted nodes, in sub-tree order
         self._subtrees_fused: dict[tuple[int, ...], DraftTree] = {}
         self._accepted_from = [0, 0, 0]  # matrix only, retrieval only, both
@@ -252,7 +253,8 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         return chain_p
 
     def _chain_cell(self, ngram_class: int, depth: int, agreed: bool = False) -> int:
-        return ((agreed and self.AGREEMENT_CLASSES > 1) * NGRAM_CLASSES + ngram_class) * self.num_pred_tokens + depth - 1
+        group = (agreed and self.agreement_classes > 1) * NGRAM_CLASSES + ngram_class
+        return group * self.num_pred_tokens + depth - 1
 
     # -- retrieval statistics --------------------------------------------------------------------
     def _learn_chains(self, seq: torch.Tensor) -> None:
@@ -294,7 +296,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         agreed = frozenset(v for v in at if v is not None) if self.use_matrix else frozenset()
         if r_probs is None:  # the chain's estimates depend on how much of it the template drafts
             r_probs = self._chain_probabilities(r_tokens, cls, len(agreed)) if r_tokens else []
-        if self.AGREEMENT_CLASSES > 1:
+        if self.agreement_classes > 1:
             self._pending[-1][4] = agreed  # the matrix learns this step's nodes in their agreement cells
         n = len(self.tree)
         p = self._probabilities(bucket, host_conf, agreed) if self.use_matrix else [0.0] * n
