@@ -64,7 +64,8 @@ def reliability(steps: list[dict], key=None) -> list[list]:
     groups = defaultdict(lambda: [0, 0.0, 0])
     for s in steps:
         for i, (p, hit) in enumerate(zip(s["probs"], s["hits"])):
-            g = key(s, i) if key else f"{min(int(p * 10), 9) / 10:.1f}-{min(int(p * 10), 9) / 10 + 0.1:.1f}"
+            tenth = min(int(p * 10), 9)
+            g = key(s, i) if key else f"{tenth / 10:.1f}-{(tenth + 1) / 10:.1f}"
             groups[g][0] += 1
             groups[g][1] += p
             groups[g][2] += hit

@@ -213,3 +213,19 @@ def test_each_retrieval_source_is_lossless_and_counts_its_accepted_tokens(retrie
         assert s["retrieval_steps"] > 0
     if retrieval == "suffix":  # the passage is copied: the suffix tree's nodes are accepted
         assert s["accepted_from_retrieval"] + s["accepted_from_both"] > 0
+
+
+def test_a_deeper_node_is_learnt_in_its_own_depth_cell():
+    """method.depth_cells: a depth-2 node's trial counts in the depth-2 cell of its confidence, rank
+    and bucket, not in the depth-1 one; with depth_cells=false both share one cell."""
+    for depth_cells in (True, False):
+        d = FusedTokenRecycling(vocab_size=20, k=1, tree=[[1], [1]], cost_curve=FLAT, confidence=True,
+                                context_buckets=False, depth_cells=depth_cells, pooled_prior=False)
+        tokens = torch.tensor([3, 5, 6])  # root 3 -> node 1 (5) -> node 2 (6), both rank 0
+        conf = torch.tensor([1.0, 0.55, 0.55])
+        d._pending.append([0, tokens, conf, 0, frozenset()])
+        d._learn(torch.tensor([3, 5, 9]))  # node 1 right, node 2 wrong
+        depth1, depth2 = d._cell(0.55, 1, 0), d._cell(0.55, 2, 0)
+        assert (depth1 != depth2) == depth_cells
+        if depth_cells:
+            assert d.rates.hits[depth1] > 0 and d.rates.hits[depth2] == 0 and d.rates.trials[depth2] > 0

@@ -112,6 +112,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
             per_bucket = [(b + 0.5) / self.BINS for b in range(self.BINS)] + [0.02]
             prior = per_bucket * (3 * buckets * self._depths * self.agreement_classes)
             steps, life = prior_steps if prior_steps is not None else 4, half_life if half_life is not None else 400
+            # a cell's confidence bin is its index's last digit in base BINS + 1 (_cell)
             self.rates = (PooledRateTable(prior, [c % (self.BINS + 1) for c in range(len(prior))], steps, life)
                           if self.settings.pooled_prior else RateTable(prior, steps, life))
         else:

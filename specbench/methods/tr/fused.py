@@ -178,7 +178,6 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         self.chain_rates = RateTable(prior, prior_steps=4, half_life=400)
         # per step with a match: (root's index, chain tokens, n-gram class, how many the template drafts too)
         self._chains: deque = deque()
-        self._root_at = 0  # the index of this step's root in the decided tokens
         self._sources: list[int] = []  # source bits of the drafted nodes, in sub-tree order
         self._subtrees_fused: dict[tuple[int, ...], DraftTree] = {}
         self._accepted_from = [0, 0, 0]  # matrix only, retrieval only, both
@@ -241,10 +240,10 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
             return [], 0
         return match[0].tolist(), min(match[1], NGRAM_CLASSES) - 1
 
-    def _chain_probabilities(self, chain: list[int], cls: int, agreed: int) -> list[float]:
+    def _chain_probabilities(self, root_at: int, chain: list[int], cls: int, agreed: int) -> list[float]:
         """Each chain token's learnt estimate of being accepted (its first `agreed` tokens are template
-        nodes too); the chain is remembered, to be learnt from once decided."""
-        self._chains.append((self._root_at, chain, cls, agreed))
+        nodes too); the chain is remembered, to be learnt from once the tokens after `root_at` decide it."""
+        self._chains.append((root_at, chain, cls, agreed))
         rates = self.chain_rates.rates()
         chain_p, prob = [], 1.0
         for d in range(1, len(chain) + 1):
@@ -277,7 +276,6 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
             self._chains.clear()
             self._retrieved.clear()
         tokens, host_conf, bucket = self._prepare(state)
-        self._root_at = state.tokens.numel() - 1
         self._learn_chains(state.tokens)
         self._learn_retrieved(state.tokens)
         if self.retrieval == "suffix":
@@ -295,7 +293,8 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
             at = merge_tree(self.tree.children, self._last[1].tolist(), r_tokens, r_parents)
         agreed = frozenset(v for v in at if v is not None) if self.use_matrix else frozenset()
         if r_probs is None:  # the chain's estimates depend on how much of it the template drafts
-            r_probs = self._chain_probabilities(r_tokens, cls, len(agreed)) if r_tokens else []
+            r_probs = (self._chain_probabilities(state.tokens.numel() - 1, r_tokens, cls, len(agreed))
+                       if r_tokens else [])
         if self.agreement_classes > 1:
             self._pending[-1][4] = agreed  # the matrix learns this step's nodes in their agreement cells
         n = len(self.tree)
