@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """What position-keyed sampling costs the harness per step (specbench/decoding/sampling.py): the Gumbel
-noise for 1, 4 and 7 positions over SmolLM2's vocabulary, and a sampled tree step (7 rows over 5
+noise for 1, 4 and 7 positions over SmolLM2's vocabulary, one position on the host path the sampler
+takes on a CPU (HostNoise), and a sampled tree step (7 rows over 5
 depths, 60 steps moving forward by 1-2 accepted tokens) with each position drawn afresh against drawn
 once and reused. Run it alone on the machine.
 
@@ -14,7 +15,7 @@ import time
 
 import torch
 
-from specbench.decoding.sampling import PositionSampler, gumbel_noise
+from specbench.decoding.sampling import HostNoise, PositionSampler, gumbel_noise
 
 
 def ms_per_call(fn, n: int = 30) -> float:
@@ -46,6 +47,8 @@ def main() -> None:
     for k in (1, 4, 7):
         positions = torch.arange(100, 100 + k)
         print(f"gumbel_noise, {k} position(s) at once: {ms_per_call(lambda: gumbel_noise(1, positions, args.vocab)):.2f} ms")
+    host = HostNoise()
+    print(f"HostNoise, 1 position: {ms_per_call(lambda: host(1, 100, args.vocab)):.2f} ms")
     print(f"sampled tree step (7 rows, 5 depths, the logits' randn included): drawn afresh "
           f"{tree_step_ms(args.vocab, False):.2f} ms, reused {tree_step_ms(args.vocab, True):.2f} ms")
 

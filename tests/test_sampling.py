@@ -64,6 +64,18 @@ def test_a_position_drawn_once_gives_the_same_tokens_as_drawn_afresh():
     assert list(reused._rows) == [119]
 
 
+def test_the_host_noise_equals_the_torch_noise_bit_for_bit():
+    """The CPU path hashes in uint32 (numpy wraps its products); the torch path in int64 with masks:
+    the same noise at positions and keys where 32-bit products and 2 * position + 1 wrap."""
+    from specbench.decoding.sampling import HostNoise, gumbel_noise
+
+    host = HostNoise()
+    for vocab in (7, 1000, 49152):
+        for key in (0, 5, 2**31 + 11, 2**32 - 1):
+            for position in (0, 1, 77, 2**31 - 1, 2**31, 2**32 + 3):
+                assert torch.equal(host(key, position, vocab), gumbel_noise(key, torch.tensor([position]), vocab)[0])
+
+
 @pytest.fixture(scope="module")
 def small_vocab_model():
     torch.manual_seed(3)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import torch
 
 from specbench.decoding.transfers import to_device
@@ -50,13 +51,48 @@ def position_uniforms(key: int, positions: torch.Tensor, vocab: int) -> torch.Te
     p = _fmix32((positions.to(torch.int64) * 2 + 1) & _M32) ^ key
     row = _fmix32(_fmix32(p & _M32))
     idx = _mul32(torch.arange(vocab, device=dev, dtype=torch.int64), 0x9E3779B1)
-    h = _fmix32(_fmix32(row[:, None] ^ idx[None, :]))
+    return _uniforms(_fmix32(_fmix32(row[:, None] ^ idx[None, :])))
+
+
+def _uniforms(h: torch.Tensor) -> torch.Tensor:
     return ((h >> 8).to(torch.float64) + 0.5) / float(1 << 24)
 
 
-def gumbel_noise(key: int, positions: torch.Tensor, vocab: int, dtype=torch.float32) -> torch.Tensor:
-    u = position_uniforms(key, positions, vocab)
+def _gumbel(u: torch.Tensor, dtype) -> torch.Tensor:
     return (-torch.log(-torch.log(u))).to(dtype)
+
+
+def gumbel_noise(key: int, positions: torch.Tensor, vocab: int, dtype=torch.float32) -> torch.Tensor:
+    return _gumbel(position_uniforms(key, positions, vocab), dtype)
+
+
+def _fmix32_host(h):
+    """_fmix32 on numpy uint32 values (arrays or scalars), whose products wrap mod 2**32 natively."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+class HostNoise:
+    """gumbel_noise for one position at a time on the CPU, bit for bit. The hash runs in numpy's uint32,
+    whose products wrap as the hash needs, instead of torch's int64 masked after every product: the
+    noise is drawn once per new position, so its cost lands on every sampled token, AR's included
+    (scripts/bench_sampling.py times both). The index term is kept per vocabulary size."""
+
+    def __init__(self):
+        self._index: dict[int, np.ndarray] = {}
+
+    def __call__(self, key: int, position: int, vocab: int, dtype=torch.float32) -> torch.Tensor:
+        idx = self._index.get(vocab)
+        if idx is None:
+            idx = self._index[vocab] = np.arange(vocab, dtype=np.uint32) * np.uint32(0x9E3779B1)
+        with np.errstate(over="ignore"):  # uint32 scalar products warn on wrapping; wrapping is the point
+            p = _fmix32_host(np.uint32((position * 2 + 1) & _M32)) ^ np.uint32(key)
+            h = _fmix32_host(_fmix32_host(idx ^ _fmix32_host(_fmix32_host(p))))
+        u = ((h >> np.uint32(8)).astype(np.float64) + 0.5) / float(1 << 24)  # _uniforms, exact either way
+        return _gumbel(torch.from_numpy(u), dtype)
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -93,6 +129,7 @@ class PositionSampler:
         # costs about what a forward row does on a CPU; drawn afresh, a deep tree paid it per depth.
         self._rows: dict[int, torch.Tensor] = {}
         self._rows_of: tuple | None = None
+        self._host_noise = HostNoise()
 
     def bind(self, question_id, turn: int) -> None:
         self.key = stream_key(self.seed, question_id, turn)
@@ -117,8 +154,11 @@ class PositionSampler:
             self._rows, self._rows_of = {}, (self.key, vocab, torch.device(device))
         missing = [p for p in positions if p not in self._rows]
         if missing:
-            for p in missing:  # one at a time: several at once spill the hash's int64 temporaries out of cache
-                self._rows[p] = gumbel_noise(self.key, to_device(torch.tensor([p]), device), vocab)[0]
+            for p in missing:  # one at a time: several at once spill the hash's temporaries out of cache
+                if torch.device(device).type == "cpu":
+                    self._rows[p] = self._host_noise(self.key, p, vocab)
+                else:
+                    self._rows[p] = gumbel_noise(self.key, to_device(torch.tensor([p]), device), vocab)[0]
             wanted = set(positions)
             for p in sorted(self._rows)[: max(0, len(self._rows) - KEPT_NOISE_ROWS)]:
                 if p not in wanted:  # the earliest positions go: a turn moves forward
