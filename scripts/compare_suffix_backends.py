@@ -7,7 +7,7 @@ not import).
         [--answers ...] [--out FILE.json]
 
 Each answers file's turns (AR's outputs, in file order, questions one after the other as a run
-answers them) are replayed through both backends' trees with the calls the drafter makes: a turn
+answers them; each output re-encoded from its text, which the files keep instead of token ids) are replayed through both backends' trees with the calls the drafter makes: a turn
 starts with its prompt and first token, every further token is drafted for and then appended, and an
 answered turn stays in the global tree for the next questions. Each step's two drafts are compared
 (tokens and parents), and where they differ, their scores (summed estimates): equal scores are a tie

@@ -154,8 +154,9 @@ class PositionSampler:
             self._rows, self._rows_of = {}, (self.key, vocab, torch.device(device))
         missing = [p for p in positions if p not in self._rows]
         if missing:
+            on_host = self._rows_of[2].type == "cpu"
             for p in missing:  # one at a time: several at once spill the hash's temporaries out of cache
-                if torch.device(device).type == "cpu":
+                if on_host:
                     self._rows[p] = self._host_noise(self.key, p, vocab)
                 else:
                     self._rows[p] = gumbel_noise(self.key, to_device(torch.tensor([p]), device), vocab)[0]
