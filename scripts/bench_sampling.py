@@ -3,7 +3,8 @@
 noise for 1, 4 and 7 positions over SmolLM2's vocabulary, one position on the host path the sampler
 takes on a CPU (HostNoise), and a sampled tree step (7 rows over 5
 depths, 60 steps moving forward by 1-2 accepted tokens) with each position drawn afresh against drawn
-once and reused. Run it alone on the machine.
+once and reused; and the verifier's argmax over 1, 5 and 81 rows, torch's against the numpy path
+`row_argmax` takes on a CPU. Run it alone on the machine.
 
     python scripts/bench_sampling.py [--vocab 49152] [--threads 2]
 """
@@ -16,6 +17,7 @@ import time
 import torch
 
 from specbench.decoding.sampling import HostNoise, PositionSampler, gumbel_noise
+from specbench.decoding.verify import row_argmax
 
 
 def ms_per_call(fn, n: int = 30) -> float:
@@ -51,6 +53,10 @@ def main() -> None:
     print(f"HostNoise, 1 position: {ms_per_call(lambda: host(1, 100, args.vocab)):.2f} ms")
     print(f"sampled tree step (7 rows, 5 depths, the logits' randn included): drawn afresh "
           f"{tree_step_ms(args.vocab, False):.2f} ms, reused {tree_step_ms(args.vocab, True):.2f} ms")
+    for rows in (1, 5, 81):
+        x = torch.randn(rows, args.vocab, generator=torch.Generator().manual_seed(rows))
+        print(f"argmax over {rows} row(s): torch {ms_per_call(lambda: x.argmax(dim=-1), 200):.3f} ms, "
+              f"row_argmax {ms_per_call(lambda: row_argmax(x), 200):.3f} ms")
 
 
 if __name__ == "__main__":

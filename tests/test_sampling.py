@@ -64,6 +64,22 @@ def test_a_position_drawn_once_gives_the_same_tokens_as_drawn_afresh():
     assert list(reused._rows) == [119]
 
 
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (7, 0.9)])
+def test_the_sampler_is_the_argmax_of_tempered_logits_plus_the_positions_noise(top_k, top_p):
+    """The CPU path adds each position's row in place, run by run of equal positions, and takes numpy's
+    argmax: the same tokens as the formula in one piece, positions in any order."""
+    from specbench.decoding import sampling
+
+    g = torch.Generator().manual_seed(2)
+    sampler = PositionSampler(0.7, top_k, top_p, seed=5)
+    sampler.bind("q", 1)
+    for positions in ([40], [41, 42, 42, 43, 43, 43], [44, 43, 44, 45, 43, 45]):
+        logits = torch.randn(len(positions), 500, generator=g) * 4
+        pos = torch.tensor(positions)
+        want = (filter_logits(logits, 0.7, top_k, top_p) + sampling.gumbel_noise(sampler.key, pos, 500)).argmax(dim=-1)
+        assert torch.equal(sampler(logits, pos), want)
+
+
 def test_the_host_noise_equals_the_torch_noise_bit_for_bit():
     """The CPU path hashes in uint32 (numpy wraps its products); the torch path in int64 with masks:
     the same noise at positions and keys where 32-bit products and 2 * position + 1 wrap."""

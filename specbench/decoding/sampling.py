@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from specbench.decoding.transfers import to_device
+from specbench.decoding.verify import row_argmax
 
 _M32 = 0xFFFFFFFF
 KEPT_NOISE_ROWS = 64  # a deep tree's positions and a few behind them; 64 x a 150k vocabulary: 38 MB
@@ -138,18 +139,30 @@ class PositionSampler:
         """logits (rows, vocab), positions (rows,): one noise draw per distinct position. The
         samples stay on the logits' device (the engine copies back only the accepted path). Positions
         on the host (the engine's) are grouped there, so nothing is read back from the device."""
-        scores = filter_logits(logits, self.temperature, self.top_k, self.top_p)
-        uniq, inverse = torch.unique(positions, return_inverse=True)
+        scores = filter_logits(logits, self.temperature, self.top_k, self.top_p)  # a new tensor
         dev = logits.device
-        if uniq.device.type == "cpu":
-            noise = self.noise_rows(uniq.tolist(), scores.shape[-1], dev)
-        else:  # positions on the device: reading them back would cost a sync, so no reuse
-            noise = gumbel_noise(self.key, uniq, scores.shape[-1])
+        if positions.device.type == "cpu":
+            at = positions.reshape(-1).tolist()
+            vocab = scores.shape[-1]
+            uniq = sorted(set(at))
+            rows = dict(zip(uniq, self._noise(uniq, vocab, dev)))
+            start = 0  # a tree's rows come depth by depth: one in-place add per run of one position
+            for end in range(1, len(at) + 1):
+                if end == len(at) or at[end] != at[start]:
+                    scores[start:end] += rows[at[start]]
+                    start = end
+            return row_argmax(scores)
+        # positions on the device: reading them back would cost a sync, so no reuse
+        uniq, inverse = torch.unique(positions, return_inverse=True)
+        noise = gumbel_noise(self.key, uniq, scores.shape[-1])
         return (scores + noise[to_device(inverse, dev)]).argmax(dim=-1)
 
     def noise_rows(self, positions: list[int], vocab: int, device) -> torch.Tensor:
         """(len(positions), vocab): the stream's Gumbel noise at each position, equal to
         gumbel_noise(self.key, positions, vocab); a row drawn for an earlier call is reused."""
+        return torch.stack(self._noise(positions, vocab, device))
+
+    def _noise(self, positions: list[int], vocab: int, device) -> list[torch.Tensor]:
         if self._rows_of != (self.key, vocab, torch.device(device)):
             self._rows, self._rows_of = {}, (self.key, vocab, torch.device(device))
         missing = [p for p in positions if p not in self._rows]
@@ -164,4 +177,4 @@ class PositionSampler:
             for p in sorted(self._rows)[: max(0, len(self._rows) - KEPT_NOISE_ROWS)]:
                 if p not in wanted:  # the earliest positions go: a turn moves forward
                     del self._rows[p]
-        return torch.stack([self._rows[p] for p in positions])
+        return [self._rows[p] for p in positions]

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from specbench.decoding.kv_cache import with_cache
-from specbench.decoding.verify import TreeTensors, accepted_path
+from specbench.decoding.verify import TreeTensors, accepted_path, row_argmax
 from specbench.draft import DecodeState, Draft, DraftTree
 from specbench.drafter import Drafter, OverridesTargets, reads_hidden_states, reads_prompt_logits
 from specbench.errors import InputError
@@ -80,7 +80,7 @@ class TreeTensorCache:
 
 def greedy_targets(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The target's choice at every row: the argmax (positions are unused in greedy decoding)."""
-    return logits.argmax(dim=-1)
+    return row_argmax(logits)
 
 
 def first_token(choice, last_logits: torch.Tensor, model, prompt) -> int:

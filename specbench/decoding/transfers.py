@@ -9,11 +9,23 @@ other transfer goes through these two helpers, which a `SyncAudit` (sync_audit.p
   behind the step's kernels; the host goes on);
 * `HostCopy`: a device tensor's copy to the host, started now and read later with `wait()`, which
   on CUDA waits on an event recorded after the copy (usually long done by then).
+
+`on_host` says when a CPU-only path (numpy over the tensors' memory) may run instead.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+# Set while a SyncAudit has the CPU stand in for an accelerator: the accelerator's code path runs then.
+_STANDING_IN = False
+
+
+def on_host(device) -> bool:
+    """Whether tensors on `device` are host memory that numpy may read at no cost (a CPU), so that
+    a CPU-only path may replace torch's small operations; false while a SyncAudit audits the CPU."""
+    return torch.device(device).type == "cpu" and not _STANDING_IN
 
 
 def to_device(data, device, dtype: torch.dtype | None = None) -> torch.Tensor:

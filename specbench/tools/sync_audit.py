@@ -83,6 +83,7 @@ class SyncAudit(TorchFunctionMode):
     def __enter__(self):
         audit = self
         self._wait = transfers.HostCopy.wait
+        self._standing_in, transfers._STANDING_IN = transfers._STANDING_IN, True  # no CPU-only paths
 
         def wait(copy):  # waiting on a copy still under way is a (partial) synchronisation
             if copy._host in audit._in_flight:
@@ -94,6 +95,7 @@ class SyncAudit(TorchFunctionMode):
 
     def __exit__(self, *exc):
         transfers.HostCopy.wait = self._wait
+        transfers._STANDING_IN = self._standing_in
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

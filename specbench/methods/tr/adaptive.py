@@ -146,16 +146,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
     # -- what the template would have done ------------------------------------------------------
     def _expand_with_confidence(self, root: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Template tokens (as `expand`) and, with `confidence`, each node's stored probability."""
-        if not self.confidence:
-            return self.expand(root), None
-        tokens = torch.empty(self.tree.size, dtype=torch.long, device=self.device)
-        conf = torch.ones(self.tree.size, dtype=torch.float32, device=self.device)
-        tokens[:1].fill_(root)
-        for idx, parent, rank in self._levels:
-            src = tokens[parent]
-            tokens[idx] = self.matrix[src, rank].long()
-            conf[idx] = self.probs[src, rank]
-        return tokens, conf
+        return self.expand_with(root, self.probs if self.confidence else None)
 
     def _cell(self, confidence: float, node: int, bucket: int, agreed: bool = False) -> int:
         b = min(int(confidence * self.BINS), self.BINS - 1) if confidence > 0 else self.BINS

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.drafter import Drafter, LearnsAcrossRequests, ReadsPromptLogits
 from specbench.errors import MissingFileError, SettingsError
 from specbench.registry import register
-from specbench.decoding.transfers import to_device
+from specbench.decoding.transfers import on_host, to_device
 from specbench.draft import DraftTree
 from specbench.methods.tr.statistics import RecyclingStatistics
 
@@ -127,8 +128,12 @@ class TokenRecycling(Drafter, ReadsPromptLogits, LearnsAcrossRequests):
         depths = self.tree.depths
         # Per depth: the node indices, their parents' indices and their ranks, for one gather each.
         self._levels = []
+        self._host_levels = []  # the same as numpy arrays, for the CPU path of expand_with
+        host_parents, host_rank = np.array((0,) + self.tree.parents), np.array([0] + ranks)
         for d in range(1, self.tree.max_depth + 1):
-            idx = torch.nonzero(depths == d).flatten().to(self.device)
+            idx = torch.nonzero(depths == d).flatten()
+            self._host_levels.append((idx.numpy(), host_parents[idx.numpy()], host_rank[idx.numpy()]))
+            idx = idx.to(self.device)
             self._levels.append((idx, parents[idx], rank[idx]))
         # int32 suffices for any vocabulary; the matrix is vocab x k (under 2 MB for 50k x 8).
         self.matrix = torch.zeros(vocab_size, k, dtype=torch.int32, device=self.device)
@@ -163,11 +168,32 @@ class TokenRecycling(Drafter, ReadsPromptLogits, LearnsAcrossRequests):
 
     def expand(self, root: int) -> torch.Tensor:
         """The token of every template node, root first: (tree.size,) on the drafter's device."""
+        return self.expand_with(root, None)[0]
+
+    def expand_with(self, root: int, probs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the template's tokens as `expand`, and with `probs`, a (vocab, k) table beside the matrix,
+        each node's entry of it, the root's 1). On a CPU the gathers run in numpy over views of the
+        matrix: a dozen small torch indexing calls cost several times more there than the gathers."""
+        if on_host(self.device):
+            matrix, table = self.matrix.numpy(), None if probs is None else probs.numpy()
+            tokens = np.empty(self.tree.size, dtype=np.int64)
+            conf = None if table is None else np.ones(self.tree.size, dtype=np.float32)
+            tokens[0] = root
+            for idx, parent, rank in self._host_levels:
+                src = tokens[parent]
+                tokens[idx] = matrix[src, rank]
+                if conf is not None:
+                    conf[idx] = table[src, rank]
+            return torch.from_numpy(tokens), None if conf is None else torch.from_numpy(conf)
         tokens = torch.empty(self.tree.size, dtype=torch.long, device=self.device)
+        conf = None if probs is None else torch.ones(self.tree.size, dtype=torch.float32, device=self.device)
         tokens[:1].fill_(root)  # a scalar fill, so no host-to-device copy on an accelerator
         for idx, parent, rank in self._levels:
-            tokens[idx] = self.matrix[tokens[parent], rank].long()
-        return tokens
+            src = tokens[parent]
+            tokens[idx] = self.matrix[src, rank].long()
+            if conf is not None:
+                conf[idx] = probs[src, rank]
+        return tokens, conf
 
     def propose(self, state: DecodeState) -> Draft:
         return Draft(tokens=self.expand(int(state.tokens[-1]))[1:], tree=self.tree)
@@ -212,7 +238,10 @@ class TokenRecycling(Drafter, ReadsPromptLogits, LearnsAcrossRequests):
     def _root_facts(self, roots, firsts) -> tuple[torch.Tensor, torch.Tensor]:
         """Per root (a token, or a tensor of them): whether its matrix row was never written, and
         whether its rank-0 entry is the token the target chose after it (`firsts`); bool tensors on
-        the drafter's device."""
+        the drafter's device, or for one root on a CPU two bools."""
+        if isinstance(roots, int) and on_host(self.device):  # plain numbers: no tensor to make
+            written = bool(self.written.numpy()[roots])
+            return not written, written and int(self.matrix.numpy()[roots, 0]) == firsts
         written = self.written[roots]
         return ~written, (self.matrix[roots, 0] == firsts) & written
 

@@ -38,8 +38,8 @@ class RecyclingStatistics:
     def record(self, accepted: list[int], drafted: tuple[int, ...] | None, root_unwritten: torch.Tensor,
                rank0_hit: torch.Tensor) -> None:
         """One step: accepted template nodes, the drafted template nodes (None: all; () a plain
-        step), and two 0-d bool tensors: the root's row was never written; its rank-0 entry was the
-        target's token. The tensors are summed in bulk (every FOLD steps and in `take`), not one
+        step), and two bools (0-d bool tensors on an accelerator): the root's row was never written;
+        its rank-0 entry was the target's token. The tensors are summed in bulk (every FOLD steps and in `take`), not one
         small device operation each per step."""
         self.steps += 1
         for v in accepted:
@@ -51,7 +51,13 @@ class RecyclingStatistics:
 
     def _fold(self) -> None:
         if self._root_facts:
-            self.unwritten_rank0 += torch.stack([t for pair in self._root_facts for t in pair]).view(-1, 2).sum(dim=0)
+            on_host = [pair for pair in self._root_facts if isinstance(pair[0], bool)]
+            tensors = [t for pair in self._root_facts if not isinstance(pair[0], bool) for t in pair]
+            if on_host:
+                self.unwritten_rank0 += torch.tensor([sum(a for a, _ in on_host), sum(b for _, b in on_host)],
+                                                     device=self.device)
+            if tensors:
+                self.unwritten_rank0 += torch.stack(tensors).view(-1, 2).sum(dim=0)
             self._root_facts = []
 
     def take(self) -> dict:
