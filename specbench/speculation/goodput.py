@@ -53,7 +53,7 @@ def choose_nodes(p: Sequence[float], parents: Sequence[int], step_times: Sequenc
 
     Empty means a plain step. p is made monotone first, so the chosen set is parent-closed."""
     q = monotone_down(p, parents)
-    order = sorted(range(len(q)), key=lambda i: (-q[i], i))[:max_nodes]
+    order = sorted(range(len(q)), key=q.__getitem__, reverse=True)[:max_nodes]  # stable: ties by id
     m = best_size([q[i] for i in order], step_times, min_gain)
     return tuple(sorted(i + 1 for i in order[:m]))
 
