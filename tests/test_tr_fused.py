@@ -10,7 +10,7 @@ from specbench.decoding.engine import Engine
 from specbench.draft import DecodeState
 from specbench.speculation.cost import CostCurve
 from specbench.methods.ar import Autoregressive
-from specbench.methods.tr.fused import (SUFFIX_BINS, FusedTokenRecycling, merge_chain, merge_tree,
+from specbench.methods.tr.fused import (MATRIX, SUFFIX_BINS, FusedTokenRecycling, merge_chain, merge_tree,
                                         retrieved_trials, suffix_cells)
 from specbench.registry import build_drafter
 
@@ -78,9 +78,10 @@ def test_template_nodes_the_chain_confirms_are_learnt_apart():
                                       {"retrieval": "suffix", "suffix_tree": False},
                                       {"retrieval": "suffix", "suffix_global": True},
                                       {"retrieval": "suffix", "suffix_rates": True},
-                                      {"agreement": False, "depth_cells": False, "pooled_prior": False}],
+                                      {"agreement": False, "depth_cells": False, "pooled_prior": False},
+                                      {"calibrate": True}],
                          ids=["both", "retrieval_only", "matrix_only", "budget_2", "suffix", "suffix_only",
-                              "suffix_path", "suffix_global", "suffix_rates", "earlier_estimator"])
+                              "suffix_path", "suffix_global", "suffix_rates", "earlier_estimator", "calibrated"])
 def test_exact_tokens_and_sources_on_a_tiny_model(tiny_llama, settings):
     engine = Engine(tiny_llama, eos_token_ids=[])
     prompt = [5, 17, 3, 17, 42, 8, 5, 17, 3, 9, 11, 5, 17]
@@ -229,3 +230,22 @@ def test_a_deeper_node_is_learnt_in_its_own_depth_cell():
         assert (depth1 != depth2) == depth_cells
         if depth_cells:
             assert d.rates.hits[depth1] > 0 and d.rates.hits[depth2] == 0 and d.rates.trials[depth2] > 0
+
+
+def test_calibration_scales_each_source_by_what_its_drafted_nodes_delivered(tiny_llama):
+    """method.calibrate: accepted drafted nodes against their estimates, per source; a source scaled to
+    nothing is no longer drafted, and the output stays AR's."""
+    engine = Engine(tiny_llama, eos_token_ids=[])
+    prompt = [5, 17, 3, 17, 42, 8, 5, 17, 3, 9, 11, 5, 17]
+    ar = engine.generate(prompt, Autoregressive(), 40)
+    d = FusedTokenRecycling(vocab_size=97, cost_curve=FLAT, calibrate=True)
+    assert engine.generate(prompt, d, 40).tokens == ar.tokens
+    assert sum(d.calibration.trials) > 0 and d.calibration.rates() != [1.0, 1.0, 1.0]
+
+    muted = FusedTokenRecycling(vocab_size=97, cost_curve=FLAT, calibrate=True)
+    muted.calibration.rates = lambda: [0.0, 1.0, 1.0]  # the matrix's own nodes never pay
+    seen = []
+    propose = muted.propose
+    muted.propose = lambda state: (draft := propose(state), seen.extend(muted._sources))[0]
+    assert engine.generate(prompt, muted, 40).tokens == ar.tokens
+    assert seen and MATRIX not in seen  # only nodes the retrieval drafts (alone or with the matrix)

@@ -182,9 +182,13 @@ class RateTable:
         self._rates: list[float] | None = None
 
     def add(self, cell: int, hit: bool) -> None:
-        self.trials[cell] += self.weight
-        if hit:
-            self.hits[cell] += self.weight
+        self.add_counts(cell, float(hit), 1.0)
+
+    def add_counts(self, cell: int, hits: float, trials: float) -> None:
+        """`hits` successes in `trials` trials at once, either possibly fractional (a calibration
+        counts accepted nodes against the sum of their estimates)."""
+        self.trials[cell] += self.weight * trials
+        self.hits[cell] += self.weight * hits
         self._rates = None
 
     def next_step(self) -> None:

@@ -127,6 +127,11 @@ class FusedTRSettings(AdaptiveTRSettings):
     # a node both sources draft is counted apart from the nodes only one drafts, in the matrix's cells
     # and the chain's (false: one rate per cell whatever the other source drafted, as before 2026-11-27)
     agreement: bool = True
+    # each merged node's estimate scaled by its source's calibration (matrix only, retrieval only, both):
+    # the accepted drafted nodes of that source over the sum of their estimates, decayed as the rates
+    # are; the chooser's picks are the nodes whose estimates came out highest, so uncorrected they
+    # promise more than is accepted (scripts/estimate_calibration.py)
+    calibrate: bool = False
 
 
 @register("tr_fused")
@@ -192,6 +197,9 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         prior = [(b + 0.5) / SUFFIX_BINS for _ in range(SUFFIX_DEPTHS) for b in range(SUFFIX_BINS)]
         self.suffix_rates = RateTable(prior, prior_steps=4, half_life=400)
         self._retrieved: deque = deque()  # per step with a suffix draft: (root's index, tokens, parents, cells)
+        # calibrate: per source (cell = source bits - 1), accepted drafted nodes against their estimates
+        self.calibration = RateTable([1.0, 1.0, 1.0], prior_steps=4, half_life=400)
+        self._estimates: list[float] = []  # the drafted nodes' estimates before calibration
 
     # -- suffix retrieval ------------------------------------------------------------------------
     def _suffix_draft(self, state: DecodeState) -> tuple[list[int], list[int], list[float]]:
@@ -314,10 +322,15 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
                 extra.append(tok)
                 v = len(parents)
             place.append(v)
+        raw = p
+        if self.settings.calibrate:
+            scale = self.calibration.rates()
+            p = [pv * scale[max(src, 1) - 1] for pv, src in zip(p, source)]
         # t(w) after the step's cached tokens (the root is not cached yet)
         nodes = choose_nodes(p, parents, self.times.at(state.tokens.numel() - 1), self.min_gain, self.max_nodes)
         self._drafted = nodes
         self._sources = [source[v - 1] for v in nodes]
+        self._estimates = [raw[v - 1] for v in nodes]
         if not nodes:
             self.plain_steps += 1
             return None
@@ -339,6 +352,16 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         """TR's template-node statistics, and the sources of the accepted tokens."""
         for a in outcome.accepted:
             self._accepted_from[{MATRIX: 0, RETRIEVAL: 1}.get(self._sources[a - 1], 2)] += 1
+        if outcome.draft is not None and self.settings.calibrate:
+            hits, mass = [0.0] * 3, [0.0] * 3
+            accepted = set(outcome.accepted)
+            for i, (src, est) in enumerate(zip(self._sources, self._estimates), start=1):
+                hits[max(src, 1) - 1] += i in accepted
+                mass[max(src, 1) - 1] += est
+            for cell in range(3):
+                if mass[cell] > 0:
+                    self.calibration.add_counts(cell, hits[cell], mass[cell])
+            self.calibration.next_step()
         super()._count(outcome, root_unwritten, rank0_hit)
 
     def take_statistics(self) -> dict:
