@@ -130,7 +130,7 @@ class FusedTRSettings(AdaptiveTRSettings):
     # each merged node's estimate scaled by its source's calibration (matrix only, retrieval only, both):
     # the accepted drafted nodes of that source over the sum of their estimates, decayed as the rates
     # are; the chooser's picks are the nodes whose estimates came out highest, so uncorrected they
-    # promise more than is accepted (scripts/estimate_calibration.py)
+    # promise more than is accepted (scripts/estimate_calibration.py); off: no faster (docs/token-recycling.md)
     calibrate: bool = False
 
 
