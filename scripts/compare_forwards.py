@@ -8,19 +8,15 @@ compiled one.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from specbench.run.results_io import read_jsonl
+
 
 def answers(path: Path) -> dict:
-    out = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                out[r["question_id"]] = [t["token_ids"] for t in r["turns"]]
-    return out
+    """question -> each turn's token ids, from the file or its gzipped copy (read_jsonl takes either)."""
+    return {r["question_id"]: [t["token_ids"] for t in r["turns"]] for r in read_jsonl(path)}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -36,7 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("b", type=Path)
     args = ap.parse_args(argv)
     total = same = 0
-    for run_b in sorted(args.b.glob("*/*/*/answers.jsonl")):
+    runs_b = {p.parent for pattern in ("*/*/*/answers.jsonl", "*/*/*/answers.jsonl.gz") for p in args.b.glob(pattern)}
+    for run_b in sorted(r / "answers.jsonl" for r in runs_b):
         rel = run_b.parent.relative_to(args.b)
         for name in ("answers.jsonl", "baseline_answers.jsonl"):
             b = answers(run_b.parent / name)

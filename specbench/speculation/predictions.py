@@ -10,6 +10,7 @@ definition). Sources in detail: docs/cost-model.md; reading them: docs/gpu.md.
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from pathlib import Path
 
@@ -56,12 +57,16 @@ def greedy_runs(folders, root: Path = ROOT, temperature: str = "0") -> list[Path
     """The greedy (`-t0-`) run directories holding answers under `folders`, folder by folder, AR's
     left out; `temperature`: another one's as its directories spell it (`0.7`)."""
     tag = f"-t{temperature}-"
-    return [answers.parent for folder in folders for answers in sorted((root / folder).glob("**/answers.jsonl"))
-            if tag in answers.parent.name and not answers.parent.name.startswith("ar-")]
+    runs = {answers.parent for folder in folders for pattern in ("**/answers.jsonl", "**/answers.jsonl.gz")
+            for answers in (root / folder).glob(pattern)}
+    return [run for run in sorted(runs) if tag in run.name and not run.name.startswith("ar-")]
 
 
 def read_answers(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "answers.jsonl").read_text().splitlines() if line.strip()]
+    """A run's answers, from answers.jsonl or, where a folder keeps it gzipped, answers.jsonl.gz."""
+    path = run / "answers.jsonl"
+    text = path.read_text() if path.is_file() else gzip.decompress((run / "answers.jsonl.gz").read_bytes()).decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def read_traces(folders=CURRENT_TRACES, root: Path = ROOT) -> dict[str, tuple[list[dict], str]]:
