@@ -57,9 +57,11 @@ def greedy_runs(folders, root: Path = ROOT, temperature: str = "0") -> list[Path
     """The greedy (`-t0-`) run directories holding answers under `folders`, folder by folder, AR's
     left out; `temperature`: another one's as its directories spell it (`0.7`)."""
     tag = f"-t{temperature}-"
-    runs = {answers.parent for folder in folders for pattern in ("**/answers.jsonl", "**/answers.jsonl.gz")
-            for answers in (root / folder).glob(pattern)}
-    return [run for run in sorted(runs) if tag in run.name and not run.name.startswith("ar-")]
+    runs = []
+    for folder in folders:  # folder by folder: read_traces takes a method from the first that holds it
+        found = {a.parent for pattern in ("**/answers.jsonl", "**/answers.jsonl.gz") for a in (root / folder).glob(pattern)}
+        runs += [run for run in sorted(found) if tag in run.name and not run.name.startswith("ar-")]
+    return runs
 
 
 def read_answers(run: Path) -> list[dict]:

@@ -38,9 +38,9 @@ class RecyclingStatistics:
     def record(self, accepted: list[int], drafted: tuple[int, ...] | None, root_unwritten: torch.Tensor,
                rank0_hit: torch.Tensor) -> None:
         """One step: accepted template nodes, the drafted template nodes (None: all; () a plain
-        step), and two bools (0-d bool tensors on an accelerator): the root's row was never written;
-        its rank-0 entry was the target's token. The tensors are summed in bulk (every FOLD steps and in `take`), not one
-        small device operation each per step."""
+        step), and two facts, bools on a CPU, 0-d bool tensors on an accelerator: the root's row was
+        never written; its rank-0 entry was the target's token. They are summed in bulk (every FOLD
+        steps and in `take`), not one small device operation each per step."""
         self.steps += 1
         for v in accepted:
             self.hits[v - 1] += 1
