@@ -259,3 +259,69 @@ def test_a_pooled_cell_starts_from_its_pools_rate():
     assert q[0] < q[1] and q[2] == pytest.approx(0.5)
     plain = RateTable([0.9, 0.9, 0.5], prior_steps=2, half_life=1e9)
     assert plain.rates()[1] == pytest.approx(0.9)
+
+
+def test_coupled_expansion_ranks_first_the_token_the_target_samples():
+    """With the recycled rows equal to this position's distributions, rank 0 of every expanded node
+    is the target's own sample whenever that sample is among the row's k candidates; the other
+    ranks are the row's remaining candidates, and the noise read per candidate is the row's."""
+    import numpy as np
+    from specbench.decoding.sampling import PositionSampler, gumbel_at, gumbel_noise
+    from specbench.methods.tr.adaptive import coupled_expansion
+
+    vocab, k = 300, 6
+    torch.manual_seed(0)
+    logits = torch.randn(vocab, vocab) * 3  # row t: the distribution after token t
+    top = logits.topk(k, dim=-1)
+    matrix = top.indices.to(torch.int32).numpy()
+    probs = (top.values - torch.logsumexp(logits, -1, keepdim=True)).exp().numpy()
+    tr = TokenRecycling(vocab_size=vocab, k=k, tree=[[3], [1, 1, 1], [1, 0, 0]])
+    sampler = PositionSampler(0.7, seed=1)
+    sampler.bind("q", 0)
+    assert np.array_equal(gumbel_at(sampler.key, 9, matrix[:2]),
+                          gumbel_noise(sampler.key, torch.tensor([9]), vocab, torch.float64)[0].numpy()[matrix[:2]])
+    inside = 0
+    for position in range(120):
+        root = (7 * position) % vocab
+        tokens, conf = coupled_expansion(matrix, probs, tr._host_levels, root, position, sampler.key, 0.7)
+        assert sorted(tokens[1:4].tolist()) == sorted(set(tokens[1:4].tolist()))  # three distinct candidates
+        assert set(tokens[1:4].tolist()) <= set(matrix[root].tolist())
+        assert conf.min() >= 0 and conf.max() <= 1
+        for node, parent, at in ((1, root, position), (4, int(tokens[1]), position + 1)):
+            sample = int(sampler(logits[parent : parent + 1], torch.tensor([at]))[0])
+            if sample in matrix[parent]:
+                inside += 1
+                assert tokens[node] == sample
+    assert inside > 150  # most samples lie in the top k: the check above ran
+
+
+def test_coupled_drafts_only_when_sampling_on_the_host_and_stays_lossless():
+    """`coupled` needs a sampler with T > 0 and confidences; the drafter's output equals AR's."""
+    from specbench.decoding.engine import Engine
+    from specbench.decoding.sampling import PositionSampler
+    from specbench.methods.ar import Autoregressive
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=12, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=96)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4)
+    flat = curve({w: 0.01 for w in range(1, 40)})
+    sampler = PositionSampler(0.7, seed=5)
+    greedy = AdaptiveTokenRecycling(vocab_size=12, model=model, hardware_curve=flat, k=4,
+                                    tree=[[3], [2, 1, 1], [1, 1, 0, 0]])
+    assert greedy.sampler is None  # no sampler: nothing to couple to
+    coupled = AdaptiveTokenRecycling(vocab_size=12, model=model, hardware_curve=flat, sampler=sampler, k=4,
+                                     tree=[[3], [2, 1, 1], [1, 1, 0, 0]])
+    assert coupled.sampler is sampler
+    off = AdaptiveTokenRecycling(vocab_size=12, model=model, hardware_curve=flat, sampler=sampler, k=4,
+                                 tree=[[3], [2, 1, 1], [1, 1, 0, 0]], coupled=False)
+    assert off.sampler is None
+    engine = Engine(model, eos_token_ids=[])
+    for qid in range(3):
+        sampler.bind(qid, 0)
+        ar = engine.generate([1, 2, 3, 4], Autoregressive(), 40, sampler)
+        out = engine.generate([1, 2, 3, 4], coupled, 40, sampler)
+        assert out.tokens == ar.tokens

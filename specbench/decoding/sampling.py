@@ -96,6 +96,19 @@ class HostNoise:
         return _gumbel(torch.from_numpy(u), dtype)
 
 
+def gumbel_at(key: int, position: int, tokens: np.ndarray) -> np.ndarray:
+    """The stream's Gumbel noise at one position for the given token ids only (any shape), float64:
+    bit for bit the float64 values behind gumbel_noise(key, [position], vocab)[0, tokens]. For a
+    drafter that couples its draft to the target's draw (tr/adaptive.py, `coupled`): a handful of
+    candidates, not a vocabulary-wide row."""
+    idx = np.asarray(tokens).astype(np.uint32) * np.uint32(0x9E3779B1)
+    with np.errstate(over="ignore"):
+        p = _fmix32_host(np.uint32((position * 2 + 1) & _M32)) ^ np.uint32(key)
+        h = _fmix32_host(_fmix32_host(idx ^ _fmix32_host(_fmix32_host(p))))
+    u = ((h >> np.uint32(8)).astype(np.float64) + 0.5) / float(1 << 24)
+    return -np.log(-np.log(u))
+
+
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Temperature, then top-k, then top-p, as transformers' logits processors apply them."""
     scores = logits.float() / temperature

@@ -9,8 +9,10 @@ from typing import Any, Optional
 from collections import deque
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from specbench.decoding.sampling import gumbel_at
 from specbench.speculation.cost import StepTimes, load_curve_file, resolve_curve
 from specbench.draft import DecodeState, Draft
 from specbench.errors import SettingsError
@@ -18,9 +20,50 @@ from specbench.speculation.goodput import (AcceptanceStats, PooledRateTable, Rat
                                            counterfactual_path, path_probabilities, prior_probabilities,
                                            subtree_parents)
 from specbench.registry import register
-from specbench.decoding.transfers import HostCopy, to_device
+from specbench.decoding.transfers import HostCopy, on_host, to_device
 from specbench.draft import DraftTree
 from specbench.methods.tr.base import TokenRecycling, TRSettings
+
+
+def coupled_expansion(matrix: np.ndarray, probs: np.ndarray, levels, root: int, position: int, key: int,
+                      temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """TR's template expanded with each parent's candidates in the order of the target's own draw.
+
+    The target samples argmax(log p / T + g) with Gumbel noise g keyed by the row's absolute position
+    (decoding/sampling.py). A matrix row holds a token's top-k candidates and their probabilities p
+    when recycled; at a node whose parent's row sits at position `position + depth - 1`, the noise
+    there is known, so the candidates are sorted by log p / T + g (Gumbel-top-k: a draw without
+    replacement from the recycled distribution, coupled to the target's draw). Rank 0 is then the
+    token the target samples whenever the recycled row is this position's and the sample lies in the
+    top k. Its confidence is the chance of that given the row: no token outside the top k beats its
+    score, exp(-Z_tail e^-s), with the tail's tempered mass Z_tail bounded by (1 - sum p) p_min^(1/T - 1);
+    the other ranks keep their recycled probability.
+
+    matrix, probs: (vocab, k); levels: per depth, (node ids, their parents' ids, their sibling ranks),
+    as TokenRecycling._host_levels. Returns (tokens, confidences), one per template node, root first."""
+    size = 1 + sum(len(idx) for idx, _, _ in levels)
+    tokens = np.empty(size, dtype=np.int64)
+    conf = np.ones(size, dtype=np.float32)
+    tokens[0] = root
+    inv_t = 1.0 / temperature
+    for d, (idx, parent, rank) in enumerate(levels):
+        src = tokens[parent]
+        cand, p = matrix[src], probs[src].astype(np.float64)  # (nodes at this depth, k)
+        with np.errstate(divide="ignore"):  # an unwritten row: probability 0, score -inf
+            score = np.log(p) * inv_t + gumbel_at(key, position + d, cand)
+        order = np.argsort(-score, axis=1, kind="stable")
+        rows = np.arange(len(idx))
+        pick = order[rows, rank]
+        tokens[idx] = cand[rows, pick]
+        c = p[rows, pick]
+        first = rank == 0
+        if first.any():
+            tail = np.clip(1.0 - p[first].sum(axis=1), 0.0, None) * p[first].min(axis=1) ** (inv_t - 1.0)
+            with np.errstate(over="ignore", invalid="ignore"):
+                win = np.exp(-tail * np.exp(-score[rows[first], pick[first]]))
+            c[first] = np.where(c[first] > 0, np.nan_to_num(win, nan=0.0), 0.0)
+        conf[idx] = c
+    return tokens, conf
 
 
 @dataclass
@@ -40,6 +83,11 @@ class AdaptiveTRSettings(TRSettings):
     # confidence: a cell with few trials leans on the rate of its confidence bin over every cell (false:
     # on the bin's midpoint, a prior that overstates acceptance, as before 2026-11-27)
     pooled_prior: bool = True
+    # T > 0 with confidences on the host: each node's siblings are ordered by the target's own
+    # position-keyed Gumbel draw over their recycled probabilities (rank 0: the token the target would
+    # sample if the recycled row were this position's), as SpS's `coupled` draws its chain; false: by
+    # probability alone, as at T = 0 (the behaviour before 2026-11-28)
+    coupled: bool = True
 
 
 @register("tr_adaptive")
@@ -89,6 +137,9 @@ class AdaptiveTokenRecycling(TokenRecycling):
         self.context_buckets = bool(context_buckets)
         self.confidence = self.device.type == "cpu" if confidence in ("auto", None) else bool(confidence)
         self._prior_steps, self._half_life, self._prior_per_depth = prior_steps, half_life, prior_per_depth
+        sampler = getattr(t, "sampler", None)
+        self.sampler = sampler if (s.coupled and self.confidence and on_host(self.device)
+                                   and sampler is not None and sampler.temperature > 0) else None
         self.reset()
 
     def share_learned_state(self, other: "AdaptiveTokenRecycling") -> None:
@@ -144,8 +195,13 @@ class AdaptiveTokenRecycling(TokenRecycling):
             self.probs.zero_()
 
     # -- what the template would have done ------------------------------------------------------
-    def _expand_with_confidence(self, root: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Template tokens (as `expand`) and, with `confidence`, each node's stored probability."""
+    def _expand_with_confidence(self, root: int, position: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Template tokens (as `expand`) and, with `confidence`, each node's stored probability; coupled
+        (`self.sampler`), siblings in the order of the target's draw at their parent's `position` on."""
+        if self.sampler is not None:
+            tokens, conf = coupled_expansion(self.matrix.numpy(), self.probs.numpy(), self._host_levels, root,
+                                             position, self.sampler.key, self.sampler.temperature)
+            return torch.from_numpy(tokens), torch.from_numpy(conf)
         return self.expand_with(root, self.probs if self.confidence else None)
 
     def _cell(self, confidence: float, node: int, bucket: int, agreed: bool = False) -> int:
@@ -238,7 +294,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
             self._last = None
         self._learn(seq)
         bucket = self._bucket(seq)
-        tokens, conf = self._expand_with_confidence(int(seq[-1]))
+        tokens, conf = self._expand_with_confidence(int(seq[-1]), seq.numel() - 1)
         # The template's tokens are read steps later, when the copy has long arrived: started now,
         # waited on then (confidences are read now: on an accelerator the sync the docstring mentions).
         host = HostCopy(tokens)
