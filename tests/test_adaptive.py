@@ -266,7 +266,7 @@ def test_coupled_expansion_ranks_first_the_token_the_target_samples():
     is the target's own sample whenever that sample is among the row's k candidates; the other
     ranks are the row's remaining candidates, and the noise read per candidate is the row's."""
     import numpy as np
-    from specbench.decoding.sampling import PositionSampler, gumbel_at, gumbel_noise
+    from specbench.decoding.sampling import PositionSampler, gumbel_noise
     from specbench.methods.tr.adaptive import coupled_expansion
 
     vocab, k = 300, 6
@@ -278,12 +278,12 @@ def test_coupled_expansion_ranks_first_the_token_the_target_samples():
     tr = TokenRecycling(vocab_size=vocab, k=k, tree=[[3], [1, 1, 1], [1, 0, 0]])
     sampler = PositionSampler(0.7, seed=1)
     sampler.bind("q", 0)
-    assert np.array_equal(gumbel_at(sampler.key, 9, matrix[:2]),
-                          gumbel_noise(sampler.key, torch.tensor([9]), vocab, torch.float64)[0].numpy()[matrix[:2]])
+    assert np.array_equal(sampler.noise_row(9, vocab), gumbel_noise(sampler.key, torch.tensor([9]), vocab)[0].numpy())
     inside = 0
     for position in range(120):
         root = (7 * position) % vocab
-        tokens, conf = coupled_expansion(matrix, probs, tr._host_levels, root, position, sampler.key, 0.7)
+        noise = [sampler.noise_row(position + d, vocab) for d in range(len(tr._host_levels))]
+        tokens, conf = coupled_expansion(matrix, probs, tr._host_levels, root, noise, 0.7)
         assert sorted(tokens[1:4].tolist()) == sorted(set(tokens[1:4].tolist()))  # three distinct candidates
         assert set(tokens[1:4].tolist()) <= set(matrix[root].tolist())
         assert conf.min() >= 0 and conf.max() <= 1

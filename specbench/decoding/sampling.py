@@ -96,19 +96,6 @@ class HostNoise:
         return _gumbel(torch.from_numpy(u), dtype)
 
 
-def gumbel_at(key: int, position: int, tokens: np.ndarray) -> np.ndarray:
-    """The stream's Gumbel noise at one position for the given token ids only (any shape), float64:
-    bit for bit the float64 values behind gumbel_noise(key, [position], vocab)[0, tokens]. For a
-    drafter that couples its draft to the target's draw (tr/adaptive.py, `coupled`): a handful of
-    candidates, not a vocabulary-wide row."""
-    idx = np.asarray(tokens).astype(np.uint32) * np.uint32(0x9E3779B1)
-    with np.errstate(over="ignore"):
-        p = _fmix32_host(np.uint32((position * 2 + 1) & _M32)) ^ np.uint32(key)
-        h = _fmix32_host(_fmix32_host(idx ^ _fmix32_host(_fmix32_host(p))))
-    u = ((h >> np.uint32(8)).astype(np.float64) + 0.5) / float(1 << 24)
-    return -np.log(-np.log(u))
-
-
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Temperature, then top-k, then top-p, as transformers' logits processors apply them."""
     scores = logits.float() / temperature
@@ -169,6 +156,11 @@ class PositionSampler:
         uniq, inverse = torch.unique(positions, return_inverse=True)
         noise = gumbel_noise(self.key, uniq, scores.shape[-1])
         return (scores + noise[to_device(inverse, dev)]).argmax(dim=-1)
+
+    def noise_row(self, position: int, vocab: int) -> np.ndarray:
+        """The stream's noise at one position on the host, a view of the row the verifier adds there
+        (drawn once for both: tr/adaptive.py's coupled drafts read it before the verifier does)."""
+        return self._noise([position], vocab, "cpu")[0].numpy()
 
     def noise_rows(self, positions: list[int], vocab: int, device) -> torch.Tensor:
         """(len(positions), vocab): the stream's Gumbel noise at each position, equal to

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specbench.decoding.sampling import gumbel_at
 from specbench.speculation.cost import StepTimes, load_curve_file, resolve_curve
 from specbench.draft import DecodeState, Draft
 from specbench.errors import SettingsError
@@ -25,18 +24,18 @@ from specbench.draft import DraftTree
 from specbench.methods.tr.base import TokenRecycling, TRSettings
 
 
-def coupled_expansion(matrix: np.ndarray, probs: np.ndarray, levels, root: int, position: int, key: int,
+def coupled_expansion(matrix: np.ndarray, probs: np.ndarray, levels, root: int, noise: list[np.ndarray],
                       temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """TR's template expanded with each parent's candidates in the order of the target's own draw.
 
     The target samples argmax(log p / T + g) with Gumbel noise g keyed by the row's absolute position
     (decoding/sampling.py). A matrix row holds a token's top-k candidates and their probabilities p
-    when recycled; at a node whose parent's row sits at position `position + depth - 1`, the noise
-    there is known, so the candidates are sorted by log p / T + g (Gumbel-top-k: a draw without
-    replacement from the recycled distribution, coupled to the target's draw). Rank 0 is then the
-    token the target samples whenever the recycled row is this position's and the sample lies in the
-    top k. Its confidence is the chance of that given the row: no token outside the top k beats its
-    score, exp(-Z_tail e^-s), with the tail's tempered mass Z_tail bounded by (1 - sum p) p_min^(1/T - 1);
+    when recycled; below a parent at depth d the noise of the parent's row, `noise[d]` (vocabulary-wide),
+    is known, so the candidates are sorted by log p / T + g (Gumbel-top-k: a draw without replacement
+    from the recycled distribution, coupled to the target's draw). Rank 0 is then the token the target
+    samples whenever the recycled row is this position's and the sample lies in the top k. Its
+    confidence is the chance of that given the row: no token outside the top k beats its score,
+    exp(-Z_tail e^-s), with the tail's tempered mass Z_tail bounded by (1 - sum p) p_min^(1/T - 1);
     the other ranks keep their recycled probability.
 
     matrix, probs: (vocab, k); levels: per depth, (node ids, their parents' ids, their sibling ranks),
@@ -46,23 +45,19 @@ def coupled_expansion(matrix: np.ndarray, probs: np.ndarray, levels, root: int, 
     conf = np.ones(size, dtype=np.float32)
     tokens[0] = root
     inv_t = 1.0 / temperature
-    for d, (idx, parent, rank) in enumerate(levels):
-        src = tokens[parent]
-        cand, p = matrix[src], probs[src].astype(np.float64)  # (nodes at this depth, k)
-        with np.errstate(divide="ignore"):  # an unwritten row: probability 0, score -inf
-            score = np.log(p) * inv_t + gumbel_at(key, position + d, cand)
-        order = np.argsort(-score, axis=1, kind="stable")
-        rows = np.arange(len(idx))
-        pick = order[rows, rank]
-        tokens[idx] = cand[rows, pick]
-        c = p[rows, pick]
-        first = rank == 0
-        if first.any():
-            tail = np.clip(1.0 - p[first].sum(axis=1), 0.0, None) * p[first].min(axis=1) ** (inv_t - 1.0)
-            with np.errstate(over="ignore", invalid="ignore"):
-                win = np.exp(-tail * np.exp(-score[rows[first], pick[first]]))
-            c[first] = np.where(c[first] > 0, np.nan_to_num(win, nan=0.0), 0.0)
-        conf[idx] = c
+    # an unwritten row has probability 0: score -inf, confidence 0 (masked below)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        for d, (idx, parent, rank) in enumerate(levels):
+            src = tokens[parent]
+            cand, p = matrix[src], probs[src]  # (nodes at this depth, k)
+            score = np.log(p) * inv_t + noise[d][cand]
+            rows = np.arange(len(idx))
+            pick = np.argsort(-score, axis=1, kind="stable")[rows, rank]
+            tokens[idx] = cand[rows, pick]
+            c = p[rows, pick]
+            tail = np.maximum(1.0 - p.sum(axis=1), 0.0) * p.min(axis=1) ** (inv_t - 1.0)
+            win = np.exp(-np.exp(np.log(tail) - score[rows, pick]))  # tail 0: log -inf, win 1
+            conf[idx] = np.where((rank == 0) & (c > 0), win, c)
     return tokens, conf
 
 
@@ -199,8 +194,10 @@ class AdaptiveTokenRecycling(TokenRecycling):
         """Template tokens (as `expand`) and, with `confidence`, each node's stored probability; coupled
         (`self.sampler`), siblings in the order of the target's draw at their parent's `position` on."""
         if self.sampler is not None:
+            vocab = self.matrix.shape[0]
+            noise = [self.sampler.noise_row(position + d, vocab) for d in range(len(self._host_levels))]
             tokens, conf = coupled_expansion(self.matrix.numpy(), self.probs.numpy(), self._host_levels, root,
-                                             position, self.sampler.key, self.sampler.temperature)
+                                             noise, self.sampler.temperature)
             return torch.from_numpy(tokens), torch.from_numpy(conf)
         return self.expand_with(root, self.probs if self.confidence else None)
 
