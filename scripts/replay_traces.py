@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from specbench import markdown
+from specbench.registry import drafter_class
 from specbench.speculation.cost import CostCurve, run_bound
 from specbench.speculation.predictions import CURRENT_TRACES, ROOT, greedy_runs, read_answers
 
@@ -31,7 +32,18 @@ def replay(curve: CostCurve, run: Path) -> dict | None:
     where = run.relative_to(ROOT) if run.is_relative_to(ROOT) else run
     return {"method": summary["method"], "run": str(where), "mat": summary.get("mat"),
             "rows": bound["mean_rows"], "predicted": bound["bound"], "measured": speedup,
-            "curve_from": params.get("cost_curve")}
+            "curve_from": params.get("cost_curve"), "setting": setting(summary["method"], params)}
+
+
+def setting(method: str, params: dict) -> str:
+    """The run's settings that differ from the method's defaults today (its curve aside), as
+    `name=value`; settings the method no longer has, or gained after the run, are not shown."""
+    try:
+        defaults = drafter_class(method).parameters()
+    except Exception:  # a method this checkout no longer registers
+        return ""
+    return ", ".join(f"{k}={v}" for k, v in sorted(params.items())
+                     if k in defaults and k != "cost_curve" and defaults[k] != v)
 
 
 def main(argv=None) -> int:
@@ -50,8 +62,8 @@ def main(argv=None) -> int:
         if not (run / "summary.json").is_file():
             continue
         r = replay(curve, run)
-        key = (r or {}).get("method"), (r or {}).get("curve_from")
-        if r is None or key in seen:  # the first folder holding a method (with that curve) wins
+        key = (r or {}).get("method"), (r or {}).get("curve_from"), (r or {}).get("setting")
+        if r is None or key in seen:  # the first folder holding a method (with that curve and setting) wins
             continue
         seen.add(key)
         rows.append(r)
@@ -60,10 +72,10 @@ def main(argv=None) -> int:
     print(f"T = {args.temperature}, replayed on {c['model']}, {c['device']}, {c['dtype']}, {c.get('forward', 'eager')}: "
           f"t(1) = {1e3 * curve.t(1):.2f} ms, t(81)/t(1) = {curve.t(81) / curve.t(1):.2f}\n")
     print(markdown.markdown_table(
-        ["method", "trees chosen for", "MAT", "rows/step", "predicted here", "measured where it ran", "run"],
-        [[r["method"], "this curve" if r["curve_from"] else "its own machine's curve", f"{r['mat']:.2f}",
+        ["method", "setting", "trees chosen for", "MAT", "rows/step", "predicted here", "measured where it ran", "run"],
+        [[r["method"], r["setting"] or "-", "this curve" if r["curve_from"] else "its own machine's curve", f"{r['mat']:.2f}",
           f"{r['rows']:.1f}", f"{r['predicted']:.2f}x", "-" if r["measured"] is None else f"{r['measured']:.2f}x",
-          r["run"]] for r in rows], align="llrrrrl"))
+          r["run"]] for r in rows], align="lllrrrrl"))
     return 0
 
 

@@ -170,6 +170,11 @@ def test_replay_traces_prices_each_run_step_by_step_on_another_curve(tmp_path, c
     (run / "answers.jsonl").write_text(json.dumps({"method": "tr_fused", "turns": [turn]}) + "\n")
     (run / "summary.json").write_text(json.dumps({"method": "tr_fused", "mat": 2.0, "speedup": {"overall": 1.3},
                                                   "method_params": {"cost_curve": "flat.json"}}))
+    other = tmp_path / "m" / "t" / "tr_fused-t0-m8~coupled=False"  # a setting of its own: a row of its own
+    other.mkdir()
+    (other / "answers.jsonl").write_text((run / "answers.jsonl").read_text())
+    (other / "summary.json").write_text(json.dumps({"method": "tr_fused", "mat": 2.0, "method_params": {
+        "cost_curve": "flat.json", "coupled": False, "name_of_a_removed_setting": 1}}))
     curve = tmp_path / "curve.json"
     curve.write_text(json.dumps({"model": "m", "device": "gpu", "dtype": "float16", "context_len": 400,
                                  "widths": [1, 81], "times_ms": {"1": 10.0, "81": 15.0}}))
@@ -177,4 +182,5 @@ def test_replay_traces_prices_each_run_step_by_step_on_another_curve(tmp_path, c
     out = capsys.readouterr().out
     # AR would take 4 plain steps (40 ms) for the 4 tokens; the run took 15 + 10 ms
     assert "t(1) = 10.00 ms, t(81)/t(1) = 1.50" in out
-    assert "| tr_fused | this curve | 2.00 | 41.0 | 1.60x | 1.30x |" in out
+    assert "| tr_fused | - | this curve | 2.00 | 41.0 | 1.60x | 1.30x |" in out
+    assert "| tr_fused | coupled=False | this curve | 2.00 | 41.0 | 1.60x | - |" in out
