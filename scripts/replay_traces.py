@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from specbench import markdown
+from specbench.errors import SettingsError
 from specbench.registry import drafter_class
 from specbench.speculation.cost import CostCurve, run_bound
 from specbench.speculation.predictions import CURRENT_TRACES, ROOT, greedy_runs, read_answers
@@ -40,7 +41,7 @@ def setting(method: str, params: dict) -> str:
     `name=value`; settings the method no longer has, or gained after the run, are not shown."""
     try:
         defaults = drafter_class(method).parameters()
-    except Exception:  # a method this checkout no longer registers
+    except SettingsError:  # a method this checkout no longer registers
         return ""
     return ", ".join(f"{k}={v}" for k, v in sorted(params.items())
                      if k in defaults and k != "cost_curve" and defaults[k] != v)

@@ -325,3 +325,4 @@ def test_coupled_drafts_only_when_sampling_on_the_host_and_stays_lossless():
         ar = engine.generate([1, 2, 3, 4], Autoregressive(), 40, sampler)
         out = engine.generate([1, 2, 3, 4], coupled, 40, sampler)
         assert out.tokens == ar.tokens
+        assert max(out.accept_lengths) > 1  # coupled drafts were accepted, not only plain steps

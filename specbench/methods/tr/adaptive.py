@@ -81,7 +81,7 @@ class AdaptiveTRSettings(TRSettings):
     # T > 0 with confidences on the host: each node's siblings are ordered by the target's own
     # position-keyed Gumbel draw over their recycled probabilities (rank 0: the token the target would
     # sample if the recycled row were this position's), as SpS's `coupled` draws its chain; false: by
-    # probability alone, as at T = 0 (the behaviour before 2026-11-28)
+    # probability alone, as at T = 0 (the behaviour before 2026-11-27's evening)
     coupled: bool = True
 
 
