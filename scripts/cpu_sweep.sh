@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU sweeps behind results/cpu (eager) and results/cpu-packed (compiled, the README table): every registered method on Spec-Bench
+# The CPU sweeps behind results/cpu (eager) and results/archive/cpu-packed (compiled, made as results/cpu-packed): every registered method on Spec-Bench
 # (first 2 questions per subtask, 128 new tokens) with the embedded SmolLM2-135M on this machine's
 # CPU, greedy, 3 repeats (Spec-Bench reports the mean of 3), AR interleaved question by question
 # beside every method (the drift-fair mode), warm-up on the built-in prompt with every drafter reset
@@ -21,7 +21,7 @@ METHODS=${METHODS:-tr,tr_adaptive,tr_fused,pld,lookahead,rest,medusa}
 TEMPERATURES=${TEMPERATURES:-0}
 REPEATS=${REPEATS:-1,2,3}
 BASELINE=${BASELINE:-interleave}
-COMPILE=${COMPILE:-off}   # the tables in results/cpu are eager; results/cpu-packed: COMPILE=on
+COMPILE=${COMPILE:-off}   # the tables in results/cpu are eager; results/archive/cpu-packed's: COMPILE=on
 FIRST_QUESTION=${FIRST_QUESTION:-yes}
 mkdir -p "$OUT"
 

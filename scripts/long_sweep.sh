@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long-input sweep behind results/cpu-long: every registered method on task=long (input-length
+# The long-input sweep behind results/cpu-long-all and results/archive/cpu-long (made as results/cpu-long): every registered method on task=long (input-length
 # buckets of 1k, 2k, 4k and 8k tokens, data/long/README.md), the embedded SmolLM2-135M in float32 on
 # this machine's CPU, greedy, 64 new tokens, every output checked against AR's.
 #

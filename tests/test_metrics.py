@@ -123,6 +123,24 @@ def test_speedup_ci_brackets_the_speedup_and_is_seeded():
     assert metrics.speedup_ci(m, ar[10:]) == metrics.speedup_ci(m[10:], ar[10:])  # shared questions only
 
 
+def test_repeated_speedup_ci_resamples_a_questions_runs_together():
+    ar = [rec(i, "qa", 10, 1.0, [1] * 10) for i in range(20)]
+    m1 = [rec(i, "qa", 10, 1.0 / (1.5 + 0.05 * (i % 5)), [2] * 5) for i in range(20)]
+    m2 = [rec(i, "qa", 10, 1.0 / (1.7 + 0.05 * (i % 5)), [2] * 5) for i in range(20)]  # 0.2 faster on each
+    one, two = metrics.question_speeds(m1, ar), metrics.question_speeds(m2, ar)
+    lo, hi = metrics.speedup_ci(m1, ar)
+    assert metrics.repeated_speedup_ci([one]) == (lo, hi)  # one run: that run's interval
+    assert metrics.repeated_speedup_ci([one, one]) == (lo, hi)  # the same run twice: no wider
+    # each resample averages the runs' speedups on the same questions: the interval moves by half the gap
+    assert metrics.repeated_speedup_ci([one, two]) == pytest.approx((lo + 0.1, hi + 0.1))
+    # only the questions every run answered
+    partial = metrics.question_speeds(m2[:10], ar)
+    assert metrics.repeated_speedup_ci([one, partial]) == metrics.repeated_speedup_ci(
+        [metrics.question_speeds(m1[:10], ar), partial])
+    assert metrics.repeated_speedup_ci([]) is None
+    assert metrics.repeated_speedup_ci([one, metrics.question_speeds(m2[:1], ar)]) is None
+
+
 def test_the_mean_interval_is_students_t():
     from scipy import stats
 

@@ -330,7 +330,7 @@ def test_a_superseded_folder_s_gzipped_answers_load_as_written(tmp_path):
         f.write(plain.read_text())
     plain.unlink()
     assert jsonl_exists(plain) and read_jsonl(plain) == rows
-    run_dir = ROOT / "results" / "cpu-topk" / "smollm2-135m" / "spec_bench-ps2" / "suffix-t0-m128-r1"
+    run_dir = ROOT / "results" / "archive" / "cpu-topk" / "smollm2-135m" / "spec_bench-ps2" / "suffix-t0-m128-r1"
     assert not (run_dir / "answers.jsonl").exists() and compressed(run_dir / "answers.jsonl").is_file()
     run = load_run(run_dir)
     assert len(run.records) == len(run.baseline) == 12

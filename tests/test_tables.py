@@ -9,6 +9,7 @@ from statistics import stdev
 import pytest
 
 from specbench.report import collect, tables
+from specbench.run import metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "results"
@@ -51,8 +52,13 @@ def test_markdown_layout(rows):
     body = [ln for ln in lines[4:7]]
     assert [b.split(" | ")[0] for b in body] == ["| ar", "| tr", "| pld"]  # AR first, then best overall
     assert body[0] == "| ar | 1.00x | 1.00x | 1.00x | 1.00x | 1.00x | 1.00x | 1.00 | - | 11.4 | 1.00x | [1.00, 1.00] |"
-    # TR accepts 164 of 8 turns x 110 drafted nodes; repeats show ± std, not one run's CI
-    assert "| 18.6% ± 0.0% |" in body[1] and body[1].endswith("| 2.06x ± 0.27 | - |")
+    # TR accepts 164 of 8 turns x 110 drafted nodes; repeats show ± std and one interval over both runs,
+    # each resample taking a question's two runs together
+    runs = [r["question_speeds"] for r in rows.values() if r["method"] == "tr" and r["temperature"] == 0]
+    lo, hi = metrics.repeated_speedup_ci(runs)
+    assert len(runs) == 2 and lo < (1.875 + 2.25) / 2 < hi
+    assert "| 18.6% ± 0.0% |" in body[1] and body[1].endswith(f"| 2.06x ± 0.27 | [{lo:.2f}, {hi:.2f}] |")
+    assert "a question's runs resampled together" in md
     assert "| 1.48 | 6.7% | 15.1 | 1.32x | [0.84, 2.00] |" in body[2]  # PLD: 10 of 15 x 10 drafted
     t07 = md.split("T=0.7")[1]
     # an older run, no step_drafted: no rate, the rest as before

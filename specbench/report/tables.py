@@ -77,7 +77,10 @@ def run_row(meta: dict, records: list[dict], baseline: list[dict]) -> dict:
     ids = {r["question_id"] for r in records}
     base = [b for b in baseline if b["question_id"] in ids]
     row["baseline_tokens_per_s"] = metrics.tokens_per_s(base) if base else None
-    ci = metrics.speedup_ci(records, baseline) if records and baseline else None
+    # per question (method speed, AR speed): what the overall speedup's interval resamples, kept so
+    # that repeated runs' rows get one interval over all their runs (aggregate)
+    row["question_speeds"] = metrics.question_speeds(records, baseline) if records and baseline else {}
+    ci = metrics.repeated_speedup_ci([row["question_speeds"]])
     row["speedup_ci_lo"], row["speedup_ci_hi"] = ci or (None, None)
     return row
 
@@ -153,13 +156,16 @@ def aggregate(rows: list[dict]) -> list[dict]:
         for k in (*VALUE_KEYS, "decode_speedup", "baseline_tokens_per_s", "questions", "rows_per_step",
                   "speedup_bound", "root_unwritten", "root_rank0"):
             agg[k], agg[f"{k}_std"] = _stats([r.get(k) for r in rs])
-        # a CI belongs to one run's questions; repeats show their spread as ± std instead
         agg["subtasks"] = table_subtasks(rs)
         agg["subtask_speedup"], agg["subtask_speedup_std"] = {}, {}
         for sub in agg["subtasks"]:
             agg["subtask_speedup"][sub], agg["subtask_speedup_std"][sub] = _stats([subtask_value(r, sub) for r in rs])
-        for k in ("speedup_ci_lo", "speedup_ci_hi"):
-            agg[k] = first.get(k) if len(rs) == 1 else None
+        # one interval over all the runs, a question's runs resampled together (rows read back from a
+        # CSV carry no question speeds: their interval stands for one run only)
+        speeds = [r.get("question_speeds") for r in rs]
+        ci = (metrics.repeated_speedup_ci(speeds) if len(rs) > 1 and all(speeds) else
+              (first.get("speedup_ci_lo"), first.get("speedup_ci_hi")) if len(rs) == 1 else None)
+        agg["speedup_ci_lo"], agg["speedup_ci_hi"] = ci or (None, None)
         tallies = [r.get("lossless") for r in rs if r.get("lossless")]
         agg["lossless"] = ({k: sum(t.get(k, 0) for t in tallies) for k in tallies[0]} if tallies else None)
         out.append(agg)
@@ -338,8 +344,10 @@ def _footnote(table: dict) -> str:
     if lo:
         parts.append("lossless check: " + "; ".join(lo))
     if any(r.get("accept_rate") is not None or r.get("speedup_ci_lo") is not None for r in ours):
+        several = any((r.get("n") or 1) > 1 and r.get("speedup_ci_lo") is not None for r in ours)
         parts.append("Acc. rate: accepted / drafted draft tokens; 95% CI: of the overall speedup, bootstrap "
-                     "over questions (one run)")
+                     + ("over questions (a question's runs resampled together)" if several else
+                        "over questions (one run)"))
     if any(r["source"] != "ours" for r in table["rows"]):
         parts.append("[..] rows: published figures (greedy, fp16, A100), not comparable in tokens/s")
     return ". ".join(parts)

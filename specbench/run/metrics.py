@@ -161,24 +161,47 @@ def speedup(method: list[dict], baseline: list[dict], decode_only: bool = False)
     return out
 
 
+def question_speeds(method: list[dict], baseline: list[dict]) -> dict:
+    """{question id: (method speed, baseline speed)} over the questions both runs answered, in the
+    method's order: what a speedup interval resamples."""
+    base = {r["question_id"]: question_speed(r) for r in baseline}
+    return {r["question_id"]: (question_speed(r), base[r["question_id"]]) for r in method if r["question_id"] in base}
+
+
 def speedup_ci(method: list[dict], baseline: list[dict], level: float = 0.95, resamples: int = 2000,
                seed: int = 0) -> tuple[float, float] | None:
-    """Bootstrap confidence interval of the overall speedup: question ids shared by both runs are
-    resampled with replacement (seeded, `resamples` times), each resample's speedup is, as `speedup`
-    defines it, mean(method speeds) / mean(baseline speeds) over the resampled questions, and the
-    interval is those speedups' (1 - level) / 2 and (1 + level) / 2 percentiles. None with fewer than
-    two shared questions."""
-    base = {r["question_id"]: question_speed(r) for r in baseline}
-    pairs = [(question_speed(r), base[r["question_id"]]) for r in method if r["question_id"] in base]
-    if len(pairs) < 2:
+    """Bootstrap confidence interval of the overall speedup of one run: `repeated_speedup_ci` of it."""
+    return repeated_speedup_ci([question_speeds(method, baseline)], level, resamples, seed)
+
+
+def repeated_speedup_ci(runs: list[dict], level: float = 0.95, resamples: int = 2000,
+                        seed: int = 0) -> tuple[float, float] | None:
+    """Bootstrap confidence interval of the overall speedup over repeated runs of one method.
+
+    runs: each run's `question_speeds`. The question ids every run shares are resampled with
+    replacement (seeded, `resamples` times), a question's runs together, since a question's length and
+    repetitiveness decide most of its speedup in every run. A resample's speedup is the mean over
+    runs of each run's speedup as `speedup` defines it (mean(method speeds) / mean(baseline speeds)
+    over the resampled questions), as a table's repeated row averages its runs. The interval is those
+    speedups' (1 - level) / 2 and (1 + level) / 2 percentiles; None with fewer than two shared
+    questions."""
+    if not runs:
+        return None
+    ids = [q for q in runs[0] if all(q in run for run in runs[1:])]
+    if len(ids) < 2:
         return None
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
-        sample = rng.choices(pairs, k=len(pairs))
-        b = sum(p[1] for p in sample)
-        if b > 0:
-            ratios.append(sum(p[0] for p in sample) / b)  # same count on both sides: a ratio of means
+        sample = rng.choices(ids, k=len(ids))
+        per_run = []
+        for run in runs:
+            b = sum(run[q][1] for q in sample)
+            if b <= 0:
+                break
+            per_run.append(sum(run[q][0] for q in sample) / b)  # same count on both sides: a ratio of means
+        else:
+            ratios.append(mean(per_run))
     if not ratios:
         return None
     return percentile(ratios, 50 * (1 - level)), percentile(ratios, 50 * (1 + level))

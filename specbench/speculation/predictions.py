@@ -38,8 +38,9 @@ PUBLISHED_ROWS = {
 HARNESS_METHODS = {"tr": "tr", "medusa": "medusa", "eagle2": "eagle", "pld": "pld", "rest": "rest",
                    "lookahead": "lookahead", "sps": "sps"}
 
-# The current committed CPU sweeps (results/README.md); where two hold a method, the first wins.
-CURRENT_TRACES = ("results/cpu-headline-v2",)
+# The current committed CPU sweeps (results/README.md); where two hold a method, the first wins: the
+# headline (T = 0), then T = 0.7's coupled leaders and its sweep of every method.
+CURRENT_TRACES = ("results/cpu-headline-v3", "results/cpu-coupled", "results/cpu-headline-t07")
 
 
 def predicted_speedup(curve: CostCurve, mat: float, rows: float) -> float:

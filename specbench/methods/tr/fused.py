@@ -121,7 +121,7 @@ class FusedTRSettings(AdaptiveTRSettings):
     suffix_tree: bool = True  # suffix: a tree of the likeliest continuations (false: one path, as vLLM)
     suffix_global: bool = False  # suffix: also a global tree over earlier answers and the running one
     # suffix: each node's acceptance learnt per (frequency estimate given its parent, depth), as the
-    # matrix's confidences are, instead of the frequency estimate itself (results/cpu-leaders-suffix-rates)
+    # matrix's confidences are, instead of the frequency estimate itself (results/archive/cpu-leaders-suffix-rates)
     suffix_rates: bool = False
     max_nodes: int = 80  # node budget of the merged tree per step
     # a node both sources draft is counted apart from the nodes only one drafts, in the matrix's cells
