@@ -2,7 +2,7 @@
 per step) replayed on another machine's cost curve, beside the speedup the run measured where it ran.
 
     python scripts/replay_traces.py results/gpu/cost/cost_vicuna-7b_eager.json \
-        [--traces results/cpu-headline-v2,results/cpu-coupled] [--extra results/gpu-view]
+        [--traces results/cpu-headline-v3,results/cpu-coupled] [--extra results/gpu-view]
 
 A run under --extra (e.g. tr_adaptive / tr_fused choosing their trees from that curve, made with
 `method.cost_curve=<the curve>`) is listed as its own row beside the current traces. Predicted =

@@ -160,11 +160,13 @@ def aggregate(rows: list[dict]) -> list[dict]:
         agg["subtask_speedup"], agg["subtask_speedup_std"] = {}, {}
         for sub in agg["subtasks"]:
             agg["subtask_speedup"][sub], agg["subtask_speedup_std"][sub] = _stats([subtask_value(r, sub) for r in rs])
-        # one interval over all the runs, a question's runs resampled together (rows read back from a
-        # CSV carry no question speeds: their interval stands for one run only)
+        # repeats: one interval over all their runs, a question's runs resampled together (none when
+        # a row lacks its question speeds)
         speeds = [r.get("question_speeds") for r in rs]
-        ci = (metrics.repeated_speedup_ci(speeds) if len(rs) > 1 and all(speeds) else
-              (first.get("speedup_ci_lo"), first.get("speedup_ci_hi")) if len(rs) == 1 else None)
+        if len(rs) == 1:
+            ci = first.get("speedup_ci_lo"), first.get("speedup_ci_hi")
+        else:
+            ci = metrics.repeated_speedup_ci(speeds) if all(speeds) else None
         agg["speedup_ci_lo"], agg["speedup_ci_hi"] = ci or (None, None)
         tallies = [r.get("lossless") for r in rs if r.get("lossless")]
         agg["lossless"] = ({k: sum(t.get(k, 0) for t in tallies) for k in tallies[0]} if tallies else None)
