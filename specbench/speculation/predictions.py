@@ -38,9 +38,9 @@ PUBLISHED_ROWS = {
 HARNESS_METHODS = {"tr": "tr", "medusa": "medusa", "eagle2": "eagle", "pld": "pld", "rest": "rest",
                    "lookahead": "lookahead", "sps": "sps"}
 
-# The current committed CPU sweeps (results/README.md); where two hold a method, the first wins: the
-# headline (T = 0), then T = 0.7's coupled leaders and its sweep of every method.
-CURRENT_TRACES = ("results/cpu-headline-v3", "results/cpu-coupled", "results/cpu-headline-t07")
+# The current committed CPU sweeps (results/README.md): the headline, every method at T = 0 and 0.7; where
+# several folders are given, the first holding a method wins.
+CURRENT_TRACES = ("results/cpu-headline-v3",)
 
 
 def predicted_speedup(curve: CostCurve, mat: float, rows: float) -> float:
