@@ -4,7 +4,7 @@ One home for every default: the run's settings are `RunConfig` below, each metho
 dataclass beside its drafter, registered as the config group option `method=<name>` by
 run/schemas.py (no YAML to keep in step). `conf/config.yaml` and the model and task YAMLs name
 their schemas, so Hydra itself refuses a misspelt setting and a value of the wrong type. What Hydra cannot see
-(ranges, choices among strings, files) is checked by `settings.validate`.
+(ranges, choices among strings, files) is checked by `run/plan.py` (plan_run) before anything loads.
 """
 
 from __future__ import annotations
@@ -118,6 +118,16 @@ class RunConfig:
     progress: bool = True
     lossless: LosslessConfig = field(default_factory=LosslessConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    @property
+    def method_settings(self) -> dict:
+        """The method's own settings: `method` without its name."""
+        return {k: v for k, v in self.method.items() if k != "name"}
+
+    @property
+    def is_serving(self) -> bool:
+        """Concurrent requests (run/serving.py) rather than one question at a time."""
+        return bool(self.serving) or self.batch_size > 1 or self.request_rate is not None
 
 
 NO_CURVE = (None, False, "off", "none")  # cost_curve settings that mean no curve

@@ -7,25 +7,25 @@ import sys
 
 from specbench.run import lossless
 from specbench.run import schemas as _schemas  # noqa: F401  (registers the typed settings with Hydra)
-from specbench.run.plan import run_settings
-from specbench.run.settings import is_serving_run
+from specbench.run.plan import plan_run, run_settings
 
 
 def run_benchmark(given) -> dict:
     """Run, write answers and summary, print the table. Returns the summary. `given`: the settings,
-    Hydra's plain dict (run.py), one written by hand, or a config.RunConfig; typed here, once."""
+    Hydra's plain dict (run.py), one written by hand, or a config.RunConfig; typed, checked and
+    resolved once here, into the plan the run reads (run/plan.py)."""
     from specbench.report.reporting import after_run, after_serving_run
 
-    settings = run_settings(given)
-    if is_serving_run(settings):  # concurrent requests: run/serving.py
+    plan = plan_run(given)  # every setting checked before anything loads
+    if plan.settings.is_serving:  # concurrent requests: run/serving.py
         from specbench.run.serving import run_serving
 
-        summary = run_serving(settings)
+        summary = run_serving(plan)
         after_serving_run(summary)  # prints this run's table, writes the folder's; warns, never fails
         return summary
     from specbench.run.single import run_single
 
-    done = run_single(settings)
+    done = run_single(plan)
     after_run(done.plan.recorded(), done.summary, done.records, done.baseline, done.out_dir)  # warns, never fails
     return done.summary
 

@@ -167,3 +167,33 @@ def test_run_completes_eager_without_a_compiler(tiny_model_dir, tmp_path):
     assert warnings == ["warning: the C++ compiler /bin/false does not run (install a working one, e.g. g++, or "
                         "set CXX): the compiled forward needs one, so this run uses the eager forward"]
     assert summary["forward"] == "eager"
+
+
+def _plan_with_curve(tmp_path, monkeypatch, choice: ForwardChoice):
+    """plan_run for compile=on with inductor's products (planned: `compiled`) and a curve file measured
+    on that forward, this machine building `choice` of it."""
+    from specbench.run import plan as run_plan
+    from specbench.speculation.cost import CostCurve
+    from tests.test_config import cfg
+
+    curve = tmp_path / "curve.json"
+    CostCurve(widths=[1, 2], times=[1.0, 1.1], forward="compiled").save(curve)
+    monkeypatch.setattr(run_plan, "choose_forward", lambda *a: choice)
+    given = cfg("task=mini", "compile=on", "compile_products=inductor", f"cost_curve={curve}",
+                f"results_root={tmp_path}")
+    return run_plan.plan_run(given), str(curve)
+
+
+def test_a_run_that_steps_down_measures_a_curve_of_its_own(tmp_path, monkeypatch, capsys):
+    """The curve file was measured on the forward the settings ask for; a run that gets less measures a
+    quick curve on the forward it runs, and says so."""
+    plan, _ = _plan_with_curve(tmp_path, monkeypatch, ForwardChoice("eager", ("warning: no compiler",)))
+    assert (plan.forward, plan.settings.cost_curve) == ("eager", "auto")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "warning: no compiler" and "was measured on another forward" in err[1]
+
+
+def test_a_warning_that_keeps_the_planned_forward_keeps_the_curve(tmp_path, monkeypatch, capsys):
+    plan, curve = _plan_with_curve(tmp_path, monkeypatch, ForwardChoice("compiled", ("warning: no kernel",)))
+    assert (plan.forward, plan.settings.cost_curve) == ("compiled", curve)
+    assert capsys.readouterr().err.splitlines() == ["warning: no kernel"]

@@ -13,7 +13,7 @@ from specbench.decoding.step import check_context
 from specbench.errors import InputError
 from specbench.methods.ar import Autoregressive
 from specbench.run import serving, single
-from specbench.run.settings import check_prompts_fit
+from specbench.inputs.window import check_prompts_fit
 from tests.conftest import save_tiny_llama_dir
 from tests.test_config import CONF
 

@@ -66,11 +66,10 @@ def test_serving_true_makes_batch_size_one_a_serving_run(tmp_path):
     """A batch-size sweep's first point decodes on the batched engine, not the single-request one."""
     from specbench.run.plan import run_settings
     from specbench.run.serving import serving_dir
-    from specbench.run.settings import is_serving_run
 
-    assert not is_serving_run(run_settings(serving_cfg(tmp_path, "method=pld")))
+    assert not run_settings(serving_cfg(tmp_path, "method=pld")).is_serving
     c = run_settings(serving_cfg(tmp_path, "method=pld", "serving=true"))
-    assert is_serving_run(c) and serving_dir(c).name == "pld-t0-m24-b1"
+    assert c.is_serving and serving_dir(c).name == "pld-t0-m24-b1"
 
 
 def test_a_batched_run_times_ar_beside_the_method_and_checks_every_request(real_model, tmp_path, capsys):

@@ -78,9 +78,9 @@ def test_shared_baseline_refuses_other_settings(tmp_path):
 
 def test_shared_is_a_valid_baseline_mode():
     from specbench.run.plan import run_settings
-    from specbench.run.settings import validate
+    from specbench.run.settings import check_values
     from tests.test_config import cfg
 
     c = cfg("baseline=shared")
     c["max_new_tokens"] = 8
-    validate(run_settings(c))
+    check_values(run_settings(c))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from specbench.decoding import packed_linear
+from specbench.errors import SettingsError
 
 COMPILE = ("auto", "on", "off")  # the `compile` setting
 PRODUCTS = ("auto", "packed", "inductor")  # the `compile_products` setting
@@ -52,14 +53,14 @@ def wants_compiled(setting: str, device) -> bool:
 
 def planned_forward(compile_setting: str, products: str, device, dtype: torch.dtype) -> str:
     """The forward the settings ask for on this kind of machine, before anything is built: the name a
-    cost-curve file is checked against. Raises ValueError for settings that contradict each other."""
+    cost-curve file is checked against. Raises SettingsError for settings that contradict each other."""
     if compile_setting not in COMPILE:
-        raise ValueError(f"compile must be one of {', '.join(COMPILE)}, got {compile_setting!r}")
+        raise SettingsError(f"compile must be one of {', '.join(COMPILE)}, got {compile_setting!r}")
     if products not in PRODUCTS:
-        raise ValueError(f"compile_products must be one of {', '.join(PRODUCTS)}, got {products!r}")
+        raise SettingsError(f"compile_products must be one of {', '.join(PRODUCTS)}, got {products!r}")
     on_cpu = torch.device(device).type == "cpu"
     if products == "packed" and not (on_cpu and dtype == torch.float32):
-        raise ValueError("compile_products=packed needs a float32 model on the CPU; "
+        raise SettingsError("compile_products=packed needs a float32 model on the CPU; "
                          "use compile_products=auto or inductor")
     if not wants_compiled(compile_setting, device):
         return "eager"

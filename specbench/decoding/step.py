@@ -44,7 +44,7 @@ class ModelFacts:
 
 def check_context(context_length: int | None, max_new_tokens: int, model=None, prompt_len: int = 1) -> None:
     """InputError unless the prompt and `max_new_tokens` fit the model's context. The runners refuse
-    such a prompt before anything is timed (run/settings.check_prompts_fit); this is the backstop for
+    such a prompt before anything is timed (inputs/window.py); this is the backstop for
     whatever reaches an engine otherwise."""
     if not context_length or max(prompt_len, 1) + max_new_tokens <= context_length:
         return

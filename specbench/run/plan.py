@@ -13,15 +13,18 @@ from pathlib import Path
 
 import torch
 
-from specbench.decoding.forward_choice import choose_forward
+from specbench.decoding.forward_choice import choose_forward, planned_forward
 from specbench.config import NO_CURVE, RunConfig, RunPlan, run_config
 from specbench.errors import SettingsError
-from specbench.inputs.models import file_sha256, resolve_device, resolve_dtype, run_dtype
+from specbench.inputs.models import check_model_config, file_sha256, resolve_device, resolve_dtype, run_dtype
+from specbench.inputs.tasks import load_task
+from specbench.inputs.window import check_context_length
 from specbench.registry import drafter_class
 from specbench.run.host_memory import apply_host_memory
 from specbench.run import schemas as _schemas  # noqa: F401  (the settings' Hydra schemas, for whoever composes them)
 from specbench.run.results_io import read_json
-from specbench.run.settings import method_params, validate
+from specbench.run.settings import check_values
+from specbench.speculation.cost import check_curve_file
 from specbench.timing import device_name
 
 
@@ -29,7 +32,7 @@ def method_variant(cfg: RunConfig) -> str:
     """The method settings that differ from its defaults (its Settings dataclass), as a short directory
     label ('' for the defaults), so `-m method.k=4,8` gives each setting its own results directory."""
     defaults = drafter_class(cfg.method["name"]).parameters()
-    changed = {k: v for k, v in sorted(method_params(cfg).items()) if defaults.get(k, object()) != v}
+    changed = {k: v for k, v in sorted(cfg.method_settings.items()) if defaults.get(k, object()) != v}
     if not changed:
         return ""
     label = ",".join(f"{k}={v}" for k, v in changed.items()).replace(" ", "")
@@ -110,10 +113,10 @@ def run_identity(plan: RunPlan) -> dict:
     """What a run's own answers depend on: the shared settings (identity), the method and its
     settings, and for a learning drafter what it warmed up on (AR's answers depend on neither)."""
     cfg, method = plan.settings, plan.method
-    ident = dict(identity(plan), method=method, method_params=method_params(cfg))
+    ident = dict(identity(plan), method=method, method_params=cfg.method_settings)
     if method != "ar":
         ident["warmup_on"] = cfg.warmup_on
-    ident.update(drafter_class(method).resource_identity(method_params(cfg)))
+    ident.update(drafter_class(method).resource_identity(cfg.method_settings))
     return ident
 
 
@@ -152,32 +155,38 @@ def run_settings(given) -> RunConfig:
 
 def plan_run(given) -> RunPlan:
     """Every setting checked before anything loads (`given`: as run_settings takes it), then what this
-    machine makes of them: the device, the dtype, the forward it can run (forward_choice.py), the host
-    memory policy, the names results record."""
+    machine makes of them, resolved once: the device, the dtype, the forward it can run
+    (forward_choice.py), the host memory policy, the names results record."""
     cfg = run_settings(given)
     max_new = cfg.max_new_tokens if cfg.max_new_tokens is not None else cfg.task.max_new_tokens
     cfg = dataclasses.replace(cfg, max_new_tokens=max_new)
-    validate(cfg)  # every setting, method settings included
-    torch.manual_seed(cfg.seed)
+    check_values(cfg)  # the run's own settings (run/settings.py)
+    if cfg.is_serving and cfg.compile == "auto":  # the compiled forward's static cache holds one request
+        print("note: batched runs use the eager forward", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, compile="off")
+    method = drafter_class(cfg.method["name"])  # an unknown name is refused with the valid ones
     device = resolve_device(cfg.device)
     dtype = run_dtype(cfg.dtype, device, cfg.model)  # auto: by device and model (results name it)
-    forward, curve = choose_run_forward(cfg, device, resolve_dtype(dtype))
-    settings = dataclasses.replace(cfg, device=str(device), dtype=dtype, cost_curve=curve,
+    planned = planned_forward(cfg.compile, cfg.compile_products, device, resolve_dtype(dtype))
+    # what a setting names, each checked by the code that will load it
+    if cfg.cost_curve not in (*NO_CURVE, "auto"):
+        check_curve_file(cfg.cost_curve, planned)  # measured on the forward the settings ask for
+    check_model_config(cfg.model)
+    check_context_length(cfg.model, cfg.max_new_tokens)
+    method.check_settings(cfg.method_settings, {"model_name": cfg.model.name, "device": cfg.device,
+                                                "dtype_name": dtype})
+    load_task(cfg.task)  # the question file: there and well-formed (file and line named)
+    torch.manual_seed(cfg.seed)
+    settings = dataclasses.replace(cfg, device=str(device), dtype=dtype,
                                    host_memory=apply_host_memory(cfg.host_memory))
-    return RunPlan(settings=settings, device_name=device_name(device), forward=forward)
-
-
-def choose_run_forward(cfg: RunConfig, device, dtype) -> tuple[str, str | None]:
-    """(forward, cost_curve): the forward this run gets on this machine (forward_choice.choose_forward),
-    each step down from what the settings ask for said in one line, and the curve setting it can use (a
-    curve file measured on the forward asked for no longer fits a run that stepped down: it measures a
-    quick curve on its own instead)."""
-    choice = choose_forward(cfg.compile, cfg.compile_products, device, dtype)
+    plan = RunPlan(settings=settings, device_name=device_name(device), forward=planned)
+    # what this machine can build of the planned forward: each step down said in one line
+    choice = choose_forward(cfg.compile, cfg.compile_products, device, resolve_dtype(dtype))
     for line in choice.warnings:
         print(line, file=sys.stderr)
-    curve = cfg.cost_curve
-    if choice.warnings and curve not in (*NO_CURVE, "auto"):
-        print(f"warning: cost_curve {curve} was measured on another forward: this run measures "
+    if choice.name == planned:
+        return plan
+    if cfg.cost_curve not in (*NO_CURVE, "auto"):
+        print(f"warning: cost_curve {cfg.cost_curve} was measured on another forward: this run measures "
               "a quick curve on its own", file=sys.stderr)
-        curve = "auto"
-    return choice.name, curve
+    return plan.stepped_down(choice.name)

@@ -22,7 +22,6 @@ summary.json; after the run, serving/serving.md and serving/plots/ gather every 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from pathlib import Path
 
@@ -31,13 +30,13 @@ from specbench.run.results_io import make_directory, read_json, write_json_atomi
 from specbench.run.run_lock import lock_run_directory
 from specbench.run.serving_metrics import poisson_arrivals, serving_figures
 from specbench.config import RunConfig, RunPlan
-from specbench.run.plan import check_identity, identity, plan_run, results_dir_for
-from specbench.run.settings import check_prompts_fit, method_params, model_context_length
+from specbench.run.plan import check_identity, identity, results_dir_for
 from specbench.run.target import load_engine, method_drafter_factory, run_cost_curve
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
 from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost
 from specbench.inputs.chat import prompt_ids
 from specbench.inputs.tasks import WARMUP_QUESTION, load_task
+from specbench.inputs.window import check_prompts_fit, model_context_length
 from specbench.registry import build_drafter
 
 
@@ -59,19 +58,13 @@ def serving_dir(cfg: RunConfig) -> Path:
 
 def serving_identity(plan: RunPlan) -> dict:
     cfg = plan.settings
-    return dict(identity(plan), method=plan.method, method_params=method_params(cfg),
+    return dict(identity(plan), method=plan.method, method_params=cfg.method_settings,
                 batch_size=cfg.batch_size, request_rate=cfg.request_rate,
                 batch_speculation=cfg.batch_speculation)
 
 
-def run_serving(cfg: RunConfig) -> dict:
+def run_serving(plan: RunPlan) -> dict:
     """Both sides timed, every output checked, summary written and printed. Returns the summary."""
-    eager_by_choice = cfg.compile == "auto"
-    if eager_by_choice:  # the compiled forward's static cache holds one request (compile=on is refused)
-        cfg = dataclasses.replace(cfg, compile="off")
-    plan = plan_run(cfg)  # every setting checked before anything loads
-    if eager_by_choice:
-        print("note: batched runs use the eager forward", file=sys.stderr)
     out_dir = make_directory(serving_dir(plan.settings))
     lock = lock_run_directory(out_dir)  # one run per directory, held until this run returns
     try:
@@ -177,7 +170,7 @@ def serving_summary(plan: RunPlan, side: dict, ar_side: dict | None, checks: lis
     cfg = plan.settings
     fig, base = side["figures"], (ar_side or {}).get("figures")
     return {
-        "method": plan.method, "method_params": method_params(cfg), "model": cfg.model.name,
+        "method": plan.method, "method_params": cfg.method_settings, "model": cfg.model.name,
         "task": cfg.task.name, "dtype": cfg.dtype, "device": plan.device_name, "forward": plan.forward,
         "host_memory": cfg.host_memory,
         "max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size,

@@ -23,11 +23,11 @@ from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.markdown import markdown_table
 from specbench.inputs.questions import Question
 from specbench.inputs.tasks import WARMUP_QUESTION, load_task
+from specbench.inputs.window import check_prompts_fit, model_context_length
 from specbench.registry import build_drafter, drafter_class
 from specbench.run import baselines, lossless, memory, metrics
-from specbench.run.plan import check_identity, identity, plan_run, results_dir_for, run_identity
+from specbench.run.plan import check_identity, identity, results_dir_for, run_identity
 from specbench.run.results_io import append_jsonl, repair_jsonl, write_json_atomic
-from specbench.run.settings import check_prompts_fit, method_params, model_context_length
 from specbench.run.target import load_engine, make_sampler, method_drafter_factory, run_cost_curve
 from specbench.speculation import cost, roofline
 
@@ -51,7 +51,7 @@ def longest_prompt_bound(tokenizer, questions: list[Question], template: str, ma
 def check_questions_fit(tokenizer, questions: list[Question], template: str, max_new: int,
                         context_length: int | None, model_name: str) -> None:
     """InputError, before anything is timed, naming the first question whose first-turn prompt and
-    max_new tokens run past the model's window (settings.check_prompts_fit). A later turn's prompt holds
+    max_new tokens run past the model's window (inputs/window.py). A later turn's prompt holds
     the answers before it, known only as it starts: the engine checks it then (step.check_context), as
     refusing on a bound would refuse Spec-Bench's two-turn questions on a 2k-window model whose answers
     fit."""
@@ -124,7 +124,7 @@ def summarize(plan: RunPlan, records: list[dict], base: list[dict], checks: list
     base = [b for b in base if b["question_id"] in ids]
     ci = metrics.speedup_ci(records, base) if base else None
     summary = {
-        "method": plan.method, "method_params": method_params(cfg),
+        "method": plan.method, "method_params": cfg.method_settings,
         "lossless_method": lossless_method,  # false: lossy by design, outside the lossless tally
         "model": cfg.model.name, "task": cfg.task.name, "temperature": cfg.temperature,
         "top_k": cfg.top_k, "top_p": cfg.top_p,
@@ -289,10 +289,9 @@ class RunInProgress:
                             self.cfg.max_new_tokens, self.sampler)
 
 
-def run_single(given) -> "Finished":
-    """One request at a time (`given`: the settings, Hydra's plain dict or a RunConfig): run, write
-    answers and summary, print the table."""
-    run = open_run_directory(plan_run(given))
+def run_single(plan: RunPlan) -> "Finished":
+    """One request at a time, as planned (run/plan.py): run, write answers and summary, print the table."""
+    run = open_run_directory(plan)
     baseline = baseline_for(run)
     load_target_and_drafters(run)
     measure_rounding_band(run)  # before anything is timed (cached per model, device, dtype, forward)

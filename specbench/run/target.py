@@ -15,7 +15,6 @@ from specbench.decoding.sampling import PositionSampler
 from specbench.drafter import Target
 from specbench.inputs.models import eos_token_ids, load_model, resolve_dtype
 from specbench.registry import drafter_class
-from specbench.run.settings import method_params
 from specbench.speculation import cost
 
 
@@ -33,7 +32,7 @@ def run_cost_curve(cfg: RunConfig, model, engine: Engine | None = None, contexts
     setting = cfg.cost_curve
     if setting in NO_CURVE:
         return None
-    # a curve file was checked against the run's forward in validate(); auto measures on the engine's own
+    # a curve file was checked against the run's forward in plan_run; auto measures on the engine's own
     return cost.resolve_curve(setting, model, cfg.model.name, cfg.dtype, engine=engine, contexts=contexts)
 
 
@@ -62,5 +61,5 @@ def method_drafter_factory(cfg: RunConfig, model, curve: cost.CostCurve | None, 
     target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=model.device, model=model,
                     model_name=cfg.model.name, dtype_name=cfg.dtype, hardware_curve=curve, sampler=sampler)
     cls = drafter_class(cfg.method["name"])
-    settings = method_params(cfg)
+    settings = cfg.method_settings
     return lambda: cls(target, cls.Settings(**settings))

@@ -350,6 +350,26 @@ def load_curve_file(spec: str | Path) -> CostCurve:
                             f"one with scripts/profile_cost.py --out {spec}, or leave the setting at auto") from None
 
 
+def _profile_flags(forward: str) -> str:
+    return {"eager": "", "compiled": " --compile --products inductor", "compiled-packed": " --compile"}[forward]
+
+
+def check_curve_file(spec: str, forward: str) -> None:
+    """A curve file given to a run: readable, and measured on the forward the run plans (eager and
+    compiled steps differ in cost), else refused with the profiler command or the `compile` setting
+    that makes them agree."""
+    if not isinstance(spec, str):
+        raise SettingsError(f"cost_curve must be auto, off or a curve JSON path, got {spec!r}")
+    measured_on = load_curve_file(spec).forward
+    if measured_on != forward:
+        raise SettingsError(
+            f"cost_curve {spec}: measured on the {measured_on} forward, but this run uses the {forward} "
+            f"one; profile it with scripts/profile_cost.py{_profile_flags(forward)} --out <file>, or set "
+            f"compile={'off' if measured_on == 'eager' else 'on'}"
+            + (f" compile_products={'packed' if measured_on == 'compiled-packed' else 'inductor'}"
+               if measured_on != 'eager' else ""))
+
+
 def resolve_curve(spec=None, model=None, model_name: str = "", dtype_name: str | None = None,
                   engine=None, contexts=()) -> CostCurve:
     """A curve from a setting: a CostCurve, its JSON dict, a path to its JSON file (with whatever

@@ -1,0 +1,59 @@
+"""A model's context window, known before its weights load, and the prompts that fit in it with
+max_new_tokens: a run is refused before anything is timed rather than stopped mid-question."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specbench.config import ModelConfig
+from specbench.errors import InputError
+
+
+def model_context_length(model: ModelConfig) -> int | None:
+    """The positions the model was trained for, known before loading: the model config's
+    `context_length` (the embedded GGUF models), else max_position_embeddings of a local directory's
+    config.json; None when neither says (the engine checks once the model has loaded)."""
+    if model.context_length:
+        return int(model.context_length)
+    path = model.path
+    if not path or model.gguf or not Path(str(path), "config.json").is_file():
+        return None
+    try:
+        conf = json.loads(Path(str(path), "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the loader says what is wrong with it
+    n = conf.get("max_position_embeddings") or (conf.get("text_config") or {}).get("max_position_embeddings")
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def check_context_length(model: ModelConfig, max_new_tokens: int) -> None:
+    """max_new_tokens must leave room in the model's context for the prompt."""
+    n = model_context_length(model)
+    if n is not None and max_new_tokens >= n:
+        raise InputError(f"max_new_tokens={max_new_tokens} is beyond the context of model {model.name} "
+                         f"({n} positions, prompt included); set max_new_tokens below {n}")
+
+
+def check_prompts_fit(prompts: list[tuple], max_new_tokens: int, context_length: int | None,
+                      model_name: str) -> None:
+    """InputError naming the first prompt that with max_new_tokens runs past the model's window, and
+    the fix: the largest max_new_tokens every prompt fits with, or the subtasks whose prompts fit.
+    prompts: (question id, subtask, prompt tokens) each. Nothing is checked where the window is
+    unknown (None)."""
+    if not context_length:
+        return
+    over = [p for p in prompts if p[2] + max_new_tokens > context_length]
+    if not over:
+        return
+    qid, subtask, tokens = over[0]
+    more = len(over) - 1
+    others = f", as {'does' if more == 1 else 'do'} {more} more question{'s' * (more > 1)}" if more else ""
+    fits = context_length - max(n for _, _, n in prompts)
+    fixes = [f"set max_new_tokens to at most {fits}"] if fits >= 1 else []
+    short = list(dict.fromkeys(p[1] for p in prompts if p[1] not in {o[1] for o in over}))
+    fixes.append(f"keep the subtasks that fit (task.subtasks=[{','.join(short)}])" if short else
+                 "use shorter prompts")
+    raise InputError(f"question {qid!r} (subtask {subtask}): its prompt of {tokens} tokens and max_new_tokens="
+                     f"{max_new_tokens} need {tokens + max_new_tokens} positions, beyond the context of model "
+                     f"{model_name} ({context_length} positions){others}; {' or '.join(fixes)}")
