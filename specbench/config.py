@@ -138,13 +138,15 @@ class RunPlan:
     """A run's settings as this machine runs them, resolved once before anything loads (run/plan.py).
 
     `settings` holds every `auto` resolved (device, dtype, max_new_tokens, host_memory, cost_curve);
-    beside it the two facts no setting names: the device's name and the forward this machine runs of
-    `compile`. The run reads these and never resolves or rewrites a setting again: a step down mid-run
-    (the compiled forward failing as it loads) is a new plan (`stepped_down`)."""
+    beside it the facts no setting names: the device's name, the forward this machine runs of
+    `compile`, and the directory the run's results go to. The run reads these and never resolves or
+    rewrites a setting again: a step down mid-run (the compiled forward failing as it loads) is a new
+    plan (`stepped_down`)."""
 
     settings: RunConfig
     device_name: str  # as results record it (a GPU: its name; a CPU: its processor and threads)
     forward: str  # eager | compiled | compiled-packed
+    results_dir: str  # this run's folder (run/plan.py run_directory), named by the settings
 
     @property
     def method(self) -> str:

@@ -26,10 +26,14 @@ def plan_of(given, device_name: str = "x86_64 (2 threads)", forward: str = "eage
     import dataclasses
 
     from specbench.config import RunPlan
-    from specbench.run.plan import run_settings
+    from specbench.run.plan import run_directory, run_settings
 
-    return RunPlan(settings=dataclasses.replace(run_settings(given), **settings), device_name=device_name,
-                   forward=forward)
+    resolved = dataclasses.replace(run_settings(given), **settings)
+    try:
+        folder = str(run_directory(resolved))
+    except (AttributeError, TypeError):  # partial settings (no method, model or task) name no folder
+        folder = ""
+    return RunPlan(settings=resolved, device_name=device_name, forward=forward, results_dir=folder)
 
 
 def test_settings_are_typed_once_and_a_stray_key_is_refused():

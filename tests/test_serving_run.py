@@ -65,7 +65,7 @@ def test_a_drafter_pool_reuses_finished_drafters_and_shares_learned_state():
 def test_serving_true_makes_batch_size_one_a_serving_run(tmp_path):
     """A batch-size sweep's first point decodes on the batched engine, not the single-request one."""
     from specbench.run.plan import run_settings
-    from specbench.run.serving import serving_dir
+    from specbench.run.plan import serving_dir
 
     assert not run_settings(serving_cfg(tmp_path, "method=pld")).is_serving
     c = run_settings(serving_cfg(tmp_path, "method=pld", "serving=true"))

@@ -62,6 +62,23 @@ def results_dir_for(cfg: RunConfig, method: str) -> Path:
             / f"{method}-t{cfg.temperature:g}{filt}-m{cfg.max_new_tokens}{rep}{variant}")
 
 
+def serving_dir(cfg: RunConfig) -> Path:
+    """A serving run's directory: the single-request run's name under serving/, with the load it was
+    given."""
+    if cfg.results_dir:
+        return Path(cfg.results_dir)
+    single = results_dir_for(cfg, cfg.method["name"])
+    name, _, variant = single.name.partition("~")
+    load = f"-b{cfg.batch_size}" + (f"-rps{cfg.request_rate:g}" if cfg.request_rate is not None else "")
+    spec = "-goodput" if cfg.batch_speculation == "goodput" else ""
+    return single.parent / "serving" / (name + load + spec + (f"~{variant}" if variant else ""))
+
+
+def run_directory(cfg: RunConfig) -> Path:
+    """Where this run's results go: a serving run's folder or a single run's."""
+    return serving_dir(cfg) if cfg.is_serving else results_dir_for(cfg, cfg.method["name"])
+
+
 _CODE_VERSION: str | None = None
 
 
@@ -179,7 +196,8 @@ def plan_run(given) -> RunPlan:
     torch.manual_seed(cfg.seed)
     settings = dataclasses.replace(cfg, device=str(device), dtype=dtype,
                                    host_memory=apply_host_memory(cfg.host_memory))
-    plan = RunPlan(settings=settings, device_name=device_name(device), forward=planned)
+    plan = RunPlan(settings=settings, device_name=device_name(device), forward=planned,
+                   results_dir=str(run_directory(settings)))
     # what this machine can build of the planned forward: each step down said in one line
     choice = choose_forward(cfg.compile, cfg.compile_products, device, resolve_dtype(dtype))
     for line in choice.warnings:

@@ -30,7 +30,7 @@ from specbench.run.results_io import make_directory, read_json, write_json_atomi
 from specbench.run.run_lock import lock_run_directory
 from specbench.run.serving_metrics import poisson_arrivals, serving_figures
 from specbench.config import RunConfig, RunPlan
-from specbench.run.plan import check_identity, identity, results_dir_for
+from specbench.run.plan import check_identity, identity
 from specbench.run.target import load_engine, method_drafter_factory, run_cost_curve
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
 from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost
@@ -44,18 +44,6 @@ SERVING_CONFIG = "serving_config.json"  # not run_config.json: the single-reques
 # (report/serving_report.py finds serving runs by this name)
 
 
-def serving_dir(cfg: RunConfig) -> Path:
-    """The run's directory: the single-request run's name under serving/, with the load it was given."""
-
-    if cfg.results_dir:
-        return Path(cfg.results_dir)
-    single = results_dir_for(cfg, cfg.method["name"])
-    name, _, variant = single.name.partition("~")
-    load = f"-b{cfg.batch_size}" + (f"-rps{cfg.request_rate:g}" if cfg.request_rate is not None else "")
-    spec = "-goodput" if cfg.batch_speculation == "goodput" else ""
-    return single.parent / "serving" / (name + load + spec + (f"~{variant}" if variant else ""))
-
-
 def serving_identity(plan: RunPlan) -> dict:
     cfg = plan.settings
     return dict(identity(plan), method=plan.method, method_params=cfg.method_settings,
@@ -65,7 +53,7 @@ def serving_identity(plan: RunPlan) -> dict:
 
 def run_serving(plan: RunPlan) -> dict:
     """Both sides timed, every output checked, summary written and printed. Returns the summary."""
-    out_dir = make_directory(serving_dir(plan.settings))
+    out_dir = make_directory(Path(plan.results_dir))
     lock = lock_run_directory(out_dir)  # one run per directory, held until this run returns
     try:
         return _serve(plan, out_dir)

@@ -321,7 +321,7 @@ def open_run_directory(plan: RunPlan) -> RunInProgress:
     from specbench.run.run_lock import lock_run_directory
 
     cfg = plan.settings
-    out_dir = make_directory(results_dir_for(cfg, plan.method))
+    out_dir = make_directory(Path(plan.results_dir))
     # one run per directory: a second one is refused naming this one; released with the run (or the process)
     lock = lock_run_directory(out_dir)
     try:
