@@ -53,7 +53,8 @@ class Drafter:
     """Base class: no draft at all, which is autoregressive decoding.
 
     A method declares its settings as a dataclass beside it (`Settings`; a variant's extends its
-    parent's) and is built from the target's facts and those settings:
+    parent's), which refuses values that cannot work when built (`__post_init__`, raising
+    SettingsError), and is built from the target's facts and those settings:
     `Method(target, settings)`, or with keywords, `Method(vocab_size=..., k=4)`, which sorts them into
     the two (an unknown keyword is a TypeError, never silently dropped)."""
 
@@ -87,9 +88,10 @@ class Drafter:
         returns them with the defaults filled in.
 
         `params`: the method.* settings; `target`: what is known of the target before loading it
-        (model_name, device, dtype_name). Here: unknown names, and a value whose type differs from
-        an int, float or bool default. Methods that check values override this, call it first, and
-        share their checks with __init__."""
+        (model_name, device, dtype_name). Here: unknown names, a value whose type differs from an
+        int, float or bool default, then the values as the Settings dataclass checks them when built
+        (its `__post_init__`: the same check a drafter's construction makes). A method overrides this,
+        calling it first, only for what its settings name to load (a datastore, heads, a draft model)."""
         accepted = cls.parameters()
         unknown = sorted(set(params) - set(accepted))
         if unknown:
@@ -100,7 +102,9 @@ class Drafter:
             kind, ok = SETTING_KINDS.get(type(accepted[key]), ("", None))
             if ok and not ok(value):
                 raise SettingsError(f"method.{key} must be {kind} (default {accepted[key]}), got {value!r}")
-        return {**accepted, **params}
+        filled = {**accepted, **params}
+        cls.Settings(**filled)
+        return filled
 
     # -- the protocol ------------------------------------------------------------------------------
 

@@ -67,6 +67,27 @@ def test_bad_settings():
         PromptLookup(vocab_size=10, max_ngram_size=0)
 
 
+def test_one_value_check_before_loading_and_when_built():
+    """The Settings dataclass checks its values: the run's check before any model loads
+    (check_settings) and the constructor refuse with the same message."""
+    from specbench.errors import SettingsError
+
+    with pytest.raises(SettingsError) as before:
+        PromptLookup.check_settings({"num_pred_tokens": 0}, {})
+    with pytest.raises(SettingsError) as built:
+        PromptLookup(vocab_size=10, num_pred_tokens=0)
+    assert str(before.value) == str(built.value)
+    assert PromptLookup.check_settings({"num_pred_tokens": 4}, {})["num_pred_tokens"] == 4
+
+
+def test_every_method_s_defaults_pass_its_own_check():
+    from specbench import registry
+
+    for name in registry.available_methods():
+        cls = registry.drafter_class(name)
+        cls.Settings()  # the defaults are values the method accepts
+
+
 def test_matches_reference_on_random_sequences():
     """Same answer as a plain loop over the reference's conditions."""
     g = torch.Generator().manual_seed(0)

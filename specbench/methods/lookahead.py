@@ -141,6 +141,18 @@ class LookaheadSettings:
     prompt_ngrams: bool = False  # true: seed the pool with the prompt's n-grams and add the output's as it grows
     seed: int = 0  # random choice of prompt tokens that fill the initial window
 
+    def __post_init__(self):
+        if self.N < 2:
+            raise SettingsError(f"Lookahead needs method.N >= 2 (n-gram size), got N={self.N}")
+        if self.W < 1:
+            raise SettingsError(f"Lookahead needs a window of method.W >= 1 columns, got W={self.W}")
+        if self.G < 0:
+            raise SettingsError(f"Lookahead needs method.G >= 0 (n-grams kept per key and verified per step), "
+                                f"got G={self.G}")
+        if self.pool not in POOL_LIFETIMES:
+            raise SettingsError(f"Lookahead: method.pool must be one of {', '.join(POOL_LIFETIMES)}, "
+                                f"got '{self.pool}'")
+
 
 @register("lookahead")
 class Lookahead(Drafter):
@@ -151,7 +163,6 @@ class Lookahead(Drafter):
         s = self.settings
         N, W, G = int(s.N), int(s.W), int(s.G)
         merge_candidates, pool, prompt_ngrams, seed = s.merge_candidates, s.pool, s.prompt_ngrams, s.seed
-        self._check(N, W, G, pool)
         self.N, self.W, self.G = N, W, G
         self.merge_candidates = bool(merge_candidates)
         self.pool_lifetime = pool
@@ -168,24 +179,6 @@ class Lookahead(Drafter):
         self._pending: tuple[int, int, int, bool] | None = None  # (levels, cols, tree nodes, stand-in)
         self.stats = {"steps": 0, "candidate_rows": 0, "window_rows": 0, "stand_in_steps": 0,
                       "stand_in_accepted": 0}
-
-    @classmethod
-    def check_settings(cls, params: dict, target: dict) -> dict:
-        p = super().check_settings(params, target)
-        cls._check(p["N"], p["W"], p["G"], p["pool"])
-        return p
-
-    @staticmethod
-    def _check(N: int, W: int, G: int, pool: str) -> None:
-        if N < 2:
-            raise SettingsError(f"Lookahead needs method.N >= 2 (n-gram size), got N={N}")
-        if W < 1:
-            raise SettingsError(f"Lookahead needs a window of method.W >= 1 columns, got W={W}")
-        if G < 0:
-            raise SettingsError(f"Lookahead needs method.G >= 0 (n-grams kept per key and verified per step), "
-                                f"got G={G}")
-        if pool not in POOL_LIFETIMES:
-            raise SettingsError(f"Lookahead: method.pool must be one of {', '.join(POOL_LIFETIMES)}, got '{pool}'")
 
     def start_question(self) -> None:
         if self.pool_lifetime != "run":

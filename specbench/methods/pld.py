@@ -52,6 +52,11 @@ class PLDSettings:
     max_ngram_size: int = 3  # query n-gram sizes tried, from this down to 1
     num_pred_tokens: int = 10  # tokens drafted after the match
 
+    def __post_init__(self):
+        if self.max_ngram_size < 1 or self.num_pred_tokens < 1:
+            raise SettingsError(f"PLD needs method.max_ngram_size >= 1 and method.num_pred_tokens >= 1, "
+                                f"got {self.max_ngram_size} and {self.num_pred_tokens}")
+
 
 @register("pld")
 class PromptLookup(Drafter):
@@ -60,21 +65,8 @@ class PromptLookup(Drafter):
     def __init__(self, target=None, settings: PLDSettings | None = None, **values):
         super().__init__(target, settings, **values)
         s = self.settings
-        self._check(s.max_ngram_size, s.num_pred_tokens)
         self.max_ngram_size = int(s.max_ngram_size)
         self.num_pred_tokens = int(s.num_pred_tokens)
-
-    @classmethod
-    def check_settings(cls, params: dict, target: dict) -> dict:
-        p = super().check_settings(params, target)
-        cls._check(p["max_ngram_size"], p["num_pred_tokens"])
-        return p
-
-    @staticmethod
-    def _check(max_ngram_size: int, num_pred_tokens: int) -> None:
-        if max_ngram_size < 1 or num_pred_tokens < 1:
-            raise SettingsError(f"PLD needs method.max_ngram_size >= 1 and method.num_pred_tokens >= 1, "
-                                f"got {max_ngram_size} and {num_pred_tokens}")
 
     def propose(self, state: DecodeState) -> Draft | None:
         cand = find_candidate(state.tokens, self.max_ngram_size, self.num_pred_tokens)

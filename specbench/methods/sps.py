@@ -43,6 +43,11 @@ class SpSSettings:
     gamma: int = 5  # draft tokens per step (transformers' assisted generation starts at 5, as Spec-Bench ran it)
     coupled: bool = True  # T > 0: draft with the target's position-keyed noise; false: the draft's argmax
 
+    def __post_init__(self):
+        if self.gamma < 1:
+            raise SettingsError(f"method.gamma must be at least 1 (draft tokens per step), got {self.gamma}")
+        parse_draft(self.draft)  # a malformed self: spec
+
 
 def parse_draft(draft) -> int | None:
     """The layer count of a self-speculative draft, or None for a separate model; a malformed
@@ -104,7 +109,7 @@ class SpeculativeSampling(Drafter):
     def __init__(self, target=None, settings: SpSSettings | None = None, **values):
         super().__init__(target, settings, **values)
         s, model = self.settings, self.target.model
-        layers = self._check(s.draft, s.gamma)
+        layers = parse_draft(s.draft)
         if model is None:
             raise SettingsError("SpS needs the target model (its layers, or its device and dtype for the draft)")
         if layers is not None:
@@ -124,15 +129,9 @@ class SpeculativeSampling(Drafter):
     @classmethod
     def check_settings(cls, params: dict, target: dict) -> dict:
         p = super().check_settings(params, target)
-        if cls._check(p["draft"], p["gamma"]) is None:  # a separate model: its config and local path
+        if parse_draft(p["draft"]) is None:  # a separate model: its config and local path
             check_model_config(draft_model_config(p["draft"]))
         return p
-
-    @staticmethod
-    def _check(draft, gamma: int) -> int | None:
-        if gamma < 1:
-            raise SettingsError(f"method.gamma must be at least 1 (draft tokens per step), got {gamma}")
-        return parse_draft(draft)
 
     def start_question(self) -> None:
         self._cache: DynamicCache | None = None

@@ -41,6 +41,17 @@ class EagleSettings:
     top_k: int = 10  # dynamic: children per expanded node, and nodes expanded per level
     choices: Any = "mc_sim_7b_63"  # static: a tree in data/medusa/medusa_trees.json, a JSON file or rank paths
 
+    def __post_init__(self):
+        if self.tree not in TREES:
+            raise SettingsError(f"method.tree must be one of {', '.join(TREES)} (EAGLE-2's dynamic tree or "
+                                f"EAGLE-1's static one), got {self.tree!r}")
+        if self.total_tokens < 2:
+            raise SettingsError(f"method.total_tokens must be at least 2 (the root and one draft token), "
+                                f"got {self.total_tokens}")
+        if self.depth < 0 or self.top_k < 1:
+            raise SettingsError(f"method.depth must be >= 0 and method.top_k >= 1, got depth={self.depth}, "
+                                f"top_k={self.top_k}")
+
 
 class _DraftRows:
     """The head's rows of one draft: their keys and values (attended to by deeper rows, never kept)."""
@@ -95,7 +106,6 @@ class Eagle(Drafter, ReadsHiddenStates):
         s, model = self.settings, self.target.model
         if model is None:
             raise EagleHeadError("EAGLE needs the target model (its embedding and lm_head)")
-        self._check(s.tree, s.total_tokens, s.depth, s.top_k)
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
         weight = self.lm_head.weight
@@ -114,25 +124,12 @@ class Eagle(Drafter, ReadsHiddenStates):
     @classmethod
     def check_settings(cls, params: dict, target: dict) -> dict:
         p = super().check_settings(params, target)
-        cls._check(p["tree"], p["total_tokens"], p["depth"], p["top_k"])
         if p["tree"] == "static":
             tree_from_choices(load_choices(p["choices"]))
         directory = resolve_head_dir(p["head"], target.get("model_name"), download=False)
         if directory is not None:
             check_head_dir(directory)
         return p
-
-    @staticmethod
-    def _check(tree: str, total_tokens: int, depth: int, top_k: int) -> None:
-        if tree not in TREES:
-            raise SettingsError(f"method.tree must be one of {', '.join(TREES)} (EAGLE-2's dynamic tree or "
-                                f"EAGLE-1's static one), got {tree!r}")
-        if total_tokens < 2:
-            raise SettingsError(f"method.total_tokens must be at least 2 (the root and one draft token), "
-                                f"got {total_tokens}")
-        if depth < 0 or top_k < 1:
-            raise SettingsError(f"method.depth must be >= 0 and method.top_k >= 1, got depth={depth}, "
-                                f"top_k={top_k}")
 
     def start_question(self) -> None:
         self._cache: HeadCache | None = None

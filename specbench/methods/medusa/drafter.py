@@ -41,6 +41,17 @@ class MedusaSettings:
     posterior_alpha: float = 0.3
     typical_temperature: float = 0.7
 
+    def __post_init__(self):
+        if self.typical and self.typical_temperature <= 0:
+            raise MedusaHeadsError("method.typical_temperature must be positive for typical acceptance")
+
+
+def check_heads_cover(depth: int, heads: int | None) -> None:
+    """The tree's depth within the heads it can draw on (`heads` None: not known before loading)."""
+    if heads is not None and heads < depth:
+        raise MedusaHeadsError(f"the Medusa tree is {depth} deep but only {heads} head(s) are used; "
+                               f"use a shallower method.choices or raise method.num_heads")
+
 
 @register("medusa")
 class Medusa(Drafter, ReadsHiddenStates, OverridesTargets):
@@ -58,7 +69,7 @@ class Medusa(Drafter, ReadsHiddenStates, OverridesTargets):
         self.choices = tree_from_choices(load_choices(choices))
         depth = self.choices.depth
         self.heads = load_heads(resolve_heads_dir(heads, model_name), num_heads)
-        self._check(depth, self.heads.num_heads, typical, typical_temperature)
+        check_heads_cover(depth, self.heads.num_heads)
         lm_head = model.get_output_embeddings().weight
         if self.heads.hidden_size != lm_head.shape[1] or self.heads.vocab_size not in (0, vocab_size):
             raise MedusaHeadsError(
@@ -90,19 +101,9 @@ class Medusa(Drafter, ReadsHiddenStates, OverridesTargets):
         p = super().check_settings(params, target)
         depth = tree_from_choices(load_choices(p["choices"])).depth
         directory = resolve_heads_dir(p["heads"], target.get("model_name"), download=False)
-        heads = check_heads_dir(directory, p["num_heads"])[1] if directory is not None else None
-        cls._check(depth, heads, p["typical"], p["typical_temperature"])
+        if directory is not None:
+            check_heads_cover(depth, check_heads_dir(directory, p["num_heads"])[1])
         return p
-
-    @staticmethod
-    def _check(depth: int, heads: int | None, typical: bool, typical_temperature: float) -> None:
-        """`heads`: how many heads the tree can draw on (None: not known yet)."""
-        if heads is not None and heads < depth:
-            raise MedusaHeadsError(
-                f"the Medusa tree is {depth} deep but only {heads} head(s) are used; "
-                f"use a shallower method.choices or raise method.num_heads")
-        if typical and typical_temperature <= 0:
-            raise MedusaHeadsError("method.typical_temperature must be positive for typical acceptance")
 
     def start_question(self) -> None:
         self._hidden = None

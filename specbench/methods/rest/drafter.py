@@ -39,6 +39,16 @@ class RestSettings:
     max_matches: int = 5000  # hits (in suffix-array order) whose continuations are counted
     continuation_len: int = 10  # tokens taken after each hit
 
+    def __post_init__(self):
+        for name in ("num_draft", "min_token_span", "max_matches", "continuation_len"):
+            if int(getattr(self, name)) < 1:
+                raise SettingsError(f"REST: method.{name} must be at least 1, got {getattr(self, name)}")
+        if self.trie not in TRIE_RULES:
+            raise SettingsError(f"REST: method.trie must be one of {', '.join(TRIE_RULES)}, got '{self.trie}'")
+        if self.max_token_span < self.min_token_span:
+            raise SettingsError(f"REST: method.max_token_span ({self.max_token_span}) is below "
+                                f"method.min_token_span ({self.min_token_span})")
+
 
 @register("rest")
 class Rest(Drafter):
@@ -50,7 +60,6 @@ class Rest(Drafter):
         datastore, num_draft, trie = s.datastore, s.num_draft, s.trie
         max_token_span, min_token_span, max_matches = s.max_token_span, s.min_token_span, s.max_matches
         continuation_len = s.continuation_len
-        self._check(num_draft, max_token_span, min_token_span, max_matches, continuation_len, trie)
         self.store = Datastore(resolve_path(datastore))
         # the ids must be this tokenizer's: a store for SmolLM2 fits Gemma-3's larger vocabulary too
         tokenizer = loaded_tokenizer(self.target.model)
@@ -71,11 +80,9 @@ class Rest(Drafter):
 
     @classmethod
     def check_settings(cls, params: dict, target: dict) -> dict:
-        """The numbers, and the datastore's files and metadata (its arrays are not read): a store
-        that records another model and no vocabulary hash is refused before the model loads."""
+        """The datastore's files and metadata (its arrays are not read): a store that records another
+        model and no vocabulary hash is refused before the model loads."""
         p = super().check_settings(params, target)
-        cls._check(p["num_draft"], p["max_token_span"], p["min_token_span"], p["max_matches"],
-                   p["continuation_len"], p["trie"])
         path = resolve_path(p["datastore"])
         meta, _, _ = open_datastore(path)
         check_tokenizer(path, meta, target.get("model_name", ""), before_loading=True)
@@ -86,19 +93,6 @@ class Rest(Drafter):
         path = resolve_path(params.get("datastore", "default"))
         meta, _, _ = open_datastore(path)
         return {"datastore": path.name, "datastore_tokens": meta.get("n_tokens")}
-
-    @staticmethod
-    def _check(num_draft: int, max_token_span: int, min_token_span: int, max_matches: int,
-               continuation_len: int, trie: str) -> None:
-        for name, v in (("num_draft", num_draft), ("min_token_span", min_token_span),
-                        ("max_matches", max_matches), ("continuation_len", continuation_len)):
-            if int(v) < 1:
-                raise SettingsError(f"REST: method.{name} must be at least 1, got {v}")
-        if trie not in TRIE_RULES:
-            raise SettingsError(f"REST: method.trie must be one of {', '.join(TRIE_RULES)}, got '{trie}'")
-        if max_token_span < min_token_span:
-            raise SettingsError(f"REST: method.max_token_span ({max_token_span}) is below "
-                                f"method.min_token_span ({min_token_span})")
 
     def propose(self, state: DecodeState) -> Draft | None:
         span = self.params["max_span"]

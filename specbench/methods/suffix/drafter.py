@@ -42,6 +42,24 @@ class SuffixSettings:
     # generated; false: only once the turn is answered (this harness before issue 47, for comparison)
     running_in_global: bool = True
 
+    def __post_init__(self):
+        if self.max_tree_depth < 2:
+            raise SettingsError(f"method.max_tree_depth must be at least 2 (a match and a drafted token), "
+                                f"got {self.max_tree_depth}")
+        if self.max_spec_factor < 0:
+            raise SettingsError(f"method.max_spec_factor must be at least 0, got {self.max_spec_factor}")
+        if self.max_spec_factor * (self.max_tree_depth - 1) + self.max_spec_offset < 1:
+            raise SettingsError(f"with method.max_spec_factor={self.max_spec_factor} and "
+                                f"method.max_spec_offset={self.max_spec_offset} no match of up to "
+                                f"{self.max_tree_depth - 1} tokens earns a drafted token; raise one of them "
+                                f"(vLLM: 1.0 and 0)")
+        if not 0 <= self.min_token_prob <= 1:
+            raise SettingsError(f"method.min_token_prob must lie in [0, 1], got {self.min_token_prob}")
+        if self.max_cached_requests < 0:
+            raise SettingsError(f"method.max_cached_requests must be at least 0 (0: no global tree), "
+                                f"got {self.max_cached_requests}")
+        resolve_backend(self.backend)
+
 
 def arctic_problem() -> str | None:
     """Why arctic-inference's suffix trees cannot be imported here, or None when they can."""
@@ -65,24 +83,6 @@ def resolve_backend(backend: str) -> str:
         raise SettingsError(f"method.backend=arctic needs arctic-inference, which does not import here "
                             f"({problem}); install it with {INSTALL}, or use method.backend=python (ours)")
     return "python"
-
-
-def check(s: SuffixSettings) -> None:
-    if s.max_tree_depth < 2:
-        raise SettingsError(f"method.max_tree_depth must be at least 2 (a match and a drafted token), "
-                            f"got {s.max_tree_depth}")
-    if s.max_spec_factor < 0:
-        raise SettingsError(f"method.max_spec_factor must be at least 0, got {s.max_spec_factor}")
-    if s.max_spec_factor * (s.max_tree_depth - 1) + s.max_spec_offset < 1:
-        raise SettingsError(f"with method.max_spec_factor={s.max_spec_factor} and method.max_spec_offset="
-                            f"{s.max_spec_offset} no match of up to {s.max_tree_depth - 1} tokens earns a drafted "
-                            f"token; raise one of them (vLLM: 1.0 and 0)")
-    if not 0 <= s.min_token_prob <= 1:
-        raise SettingsError(f"method.min_token_prob must lie in [0, 1], got {s.min_token_prob}")
-    if s.max_cached_requests < 0:
-        raise SettingsError(f"method.max_cached_requests must be at least 0 (0: no global tree), "
-                            f"got {s.max_cached_requests}")
-    resolve_backend(s.backend)
 
 
 class ArcticTrees:
@@ -151,7 +151,6 @@ class SuffixDecoding(Drafter):
 
     def __init__(self, target=None, settings: SuffixSettings | None = None, **values):
         super().__init__(target, settings, **values)
-        check(self.settings)
         self.backend = resolve_backend(self.settings.backend)
         if self.backend == "arctic":
             print(f"suffix: drafting from arctic-inference {metadata.version('arctic-inference')}'s suffix trees",
@@ -160,12 +159,6 @@ class SuffixDecoding(Drafter):
             print(f"warning: suffix: arctic-inference does not import here ({arctic_problem()}); drafting from "
                   f"specbench's own suffix trees, same settings ({INSTALL} for arctic's)", file=sys.stderr)
         self.reset()
-
-    @classmethod
-    def check_settings(cls, params: dict, target: dict) -> dict:
-        p = super().check_settings(params, target)
-        check(SuffixSettings(**p))
-        return p
 
     @classmethod
     def resource_identity(cls, params: dict) -> dict:

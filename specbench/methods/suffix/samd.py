@@ -54,15 +54,16 @@ class SAMDSettings(TRSettings):
     # or a directory) whose corpus the static automaton indexes
     static_corpus: Optional[str] = None
 
-
-def check_samd(max_draft: int, len_threshold: int, len_bias: int) -> None:
-    if max_draft < 1:
-        raise SettingsError(f"method.max_draft must be at least 1 (chain tokens per step), got {max_draft}")
-    if len_threshold < 1:
-        raise SettingsError(f"method.len_threshold must be at least 1 (the shortest match drafted from; "
-                            f"the reference uses 5), got {len_threshold}")
-    if len_bias < 0:
-        raise SettingsError(f"method.len_bias must be 0 or more (tokens a static match counts less), got {len_bias}")
+    def __post_init__(self):
+        super().__post_init__()
+        if self.max_draft < 1:
+            raise SettingsError(f"method.max_draft must be at least 1 (chain tokens per step), got {self.max_draft}")
+        if self.len_threshold < 1:
+            raise SettingsError(f"method.len_threshold must be at least 1 (the shortest match drafted from; "
+                                f"the reference uses 5), got {self.len_threshold}")
+        if self.len_bias < 0:
+            raise SettingsError(f"method.len_bias must be 0 or more (tokens a static match counts less), "
+                                f"got {self.len_bias}")
 
 
 @lru_cache(maxsize=2)
@@ -82,7 +83,6 @@ class SAMDecoding(TokenRecycling):
     def __init__(self, target=None, settings: SAMDSettings | None = None, **values):
         super().__init__(target, settings, **values)
         s = self.settings
-        check_samd(s.max_draft, s.len_threshold, s.len_bias)
         self.max_draft, self.len_threshold, self.len_bias = int(s.max_draft), int(s.len_threshold), int(s.len_bias)
         self.static = None
         if s.static_corpus is not None:
@@ -99,7 +99,6 @@ class SAMDecoding(TokenRecycling):
     @classmethod
     def check_settings(cls, params: dict, target: dict) -> dict:
         p = super().check_settings(params, target)
-        check_samd(p["max_draft"], p["len_threshold"], p["len_bias"])
         if p["static_corpus"] is not None:
             open_datastore(resolve_path(p["static_corpus"]))
         return p

@@ -84,6 +84,12 @@ class AdaptiveTRSettings(TRSettings):
     # probability alone, as at T = 0 (the behaviour before 2026-11-27's evening)
     coupled: bool = True
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.confidence not in ("auto", None, True, False):
+            raise SettingsError(f"method.confidence must be auto, true or false, got {self.confidence!r}")
+        check_decay(1 if self.half_life is None else self.half_life, self.prior_steps or 0)
+
 
 @register("tr_adaptive")
 class AdaptiveTokenRecycling(TokenRecycling):
@@ -179,9 +185,6 @@ class AdaptiveTokenRecycling(TokenRecycling):
         p = super().check_settings(params, target)
         if isinstance(p["cost_curve"], (str, Path)) and p["cost_curve"] != "auto":
             load_curve_file(p["cost_curve"])
-        if p["confidence"] not in ("auto", None, True, False):
-            raise SettingsError(f"method.confidence must be auto, true or false, got {p['confidence']!r}")
-        check_decay(1 if p["half_life"] is None else p["half_life"], p["prior_steps"] or 0)
         return p
 
     def start_question(self) -> None:

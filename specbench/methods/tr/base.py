@@ -105,6 +105,10 @@ class TRSettings:
     update: str = "all_rows"
     prefill_update: bool = False  # true: also write a row for every prompt token from the prefill's logits
 
+    def __post_init__(self):
+        template_tree(self.tree, self.k)  # a tree that cannot be read or built, a k it does not fit
+        check_update(self.update)
+
 
 @register("tr")
 class TokenRecycling(Drafter, ReadsPromptLogits, LearnsAcrossRequests):
@@ -140,13 +144,6 @@ class TokenRecycling(Drafter, ReadsPromptLogits, LearnsAcrossRequests):
         self.written = torch.zeros(vocab_size, dtype=torch.bool, device=self.device)
         self.statistics = RecyclingStatistics(self.tree, self.device)
         self._drafted: tuple[int, ...] | None = None  # template nodes drafted this step (None: all)
-
-    @classmethod
-    def check_settings(cls, params: dict, target: dict) -> dict:
-        p = super().check_settings(params, target)
-        template_tree(p["tree"], p["k"])
-        check_update(p["update"])
-        return p
 
     def start_question(self) -> None:
         if self.cold_start:

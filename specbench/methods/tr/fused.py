@@ -25,7 +25,7 @@ from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
 from specbench.speculation.cost import StepTimes
 from specbench.speculation.goodput import RateTable, choose_nodes, subtree_parents
-from specbench.methods.pld import PromptLookup, find_match
+from specbench.methods.pld import PLDSettings, find_match
 from specbench.methods.suffix.tree import SuffixTrees
 from specbench.methods.tr.adaptive import AdaptiveTokenRecycling, AdaptiveTRSettings
 from specbench.registry import register
@@ -133,6 +133,22 @@ class FusedTRSettings(AdaptiveTRSettings):
     # promise more than is accepted (scripts/estimate_calibration.py); off: no faster (docs/token-recycling.md)
     calibrate: bool = False
 
+    def __post_init__(self):
+        super().__post_init__()
+        retrieval = retrieval_source(self.retrieval)
+        if not (self.matrix or retrieval != "none"):
+            raise SettingsError("tr_fused needs a source: method.matrix=true or method.retrieval=suffix or pld "
+                                "(both off would draft nothing; use method=ar)")
+        PLDSettings(self.max_ngram_size, self.num_pred_tokens)  # PLD's own bounds
+        if self.max_nodes < 1:
+            raise SettingsError(f"method.max_nodes must be at least 1, got {self.max_nodes}")
+        if self.suffix_depth < 2 or self.suffix_tokens < 1:
+            raise SettingsError(f"method.suffix_depth must be at least 2 and method.suffix_tokens at least 1, "
+                                f"got {self.suffix_depth} and {self.suffix_tokens}")
+        if self.suffix_factor <= 0 or not 0 <= self.suffix_min_prob <= 1:
+            raise SettingsError(f"method.suffix_factor must be above 0 and method.suffix_min_prob in [0, 1], "
+                                f"got {self.suffix_factor} and {self.suffix_min_prob}")
+
 
 @register("tr_fused")
 class FusedTokenRecycling(AdaptiveTokenRecycling):
@@ -142,7 +158,6 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         # the sources are set before the parent builds (its reset() reads them)
         s = settings if settings is not None else FusedTRSettings(
             **{k: v for k, v in values.items() if k not in TARGET_FACTS})
-        self._check(s)
         self.use_matrix, self.retrieval = bool(s.matrix), retrieval_source(s.retrieval)
         self.use_retrieval = self.retrieval != "none"
         self.max_ngram_size, self.num_pred_tokens = int(s.max_ngram_size), int(s.num_pred_tokens)
@@ -152,28 +167,6 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         super().__init__(target, s, **{k: v for k, v in values.items() if k in TARGET_FACTS})
         extra = {"suffix": self.suffix_tokens, "pld": self.num_pred_tokens}.get(self.retrieval, 0)
         self.times = StepTimes(self.curve, self.tree.size + extra)
-
-    @classmethod
-    def check_settings(cls, params: dict, target: dict) -> dict:
-        p = super().check_settings(params, target)
-        cls._check(FusedTRSettings(**p))
-        return p
-
-    @staticmethod
-    def _check(s: FusedTRSettings) -> None:
-        retrieval = retrieval_source(s.retrieval)
-        if not (s.matrix or retrieval != "none"):
-            raise SettingsError("tr_fused needs a source: method.matrix=true or method.retrieval=suffix or pld "
-                                "(both off would draft nothing; use method=ar)")
-        PromptLookup._check(s.max_ngram_size, s.num_pred_tokens)
-        if s.max_nodes < 1:
-            raise SettingsError(f"method.max_nodes must be at least 1, got {s.max_nodes}")
-        if s.suffix_depth < 2 or s.suffix_tokens < 1:
-            raise SettingsError(f"method.suffix_depth must be at least 2 and method.suffix_tokens at least 1, "
-                                f"got {s.suffix_depth} and {s.suffix_tokens}")
-        if s.suffix_factor <= 0 or not 0 <= s.suffix_min_prob <= 1:
-            raise SettingsError(f"method.suffix_factor must be above 0 and method.suffix_min_prob in [0, 1], "
-                                f"got {s.suffix_factor} and {s.suffix_min_prob}")
 
     def reset(self) -> None:
         super().reset()
