@@ -158,16 +158,24 @@ def _model_config(model_cfg):
     return typed(ModelConfig, model_cfg)
 
 
-def _published_architecture(model) -> str | None:
-    """The model_type of a local model directory's config.json (read as JSON: no network, no import)."""
+def local_config_json(model) -> dict | None:
+    """A local model directory's config.json, read as JSON (no network, no import); None for a hub id,
+    a GGUF model, or a file that is missing or unreadable (the loader says what is wrong with it)."""
     path = model.path
     if not path or model.gguf or not Path(str(path), "config.json").is_file():
         return None
     import json
 
     try:
-        conf = json.loads(Path(str(path), "config.json").read_text())
+        return json.loads(Path(str(path), "config.json").read_text())
     except (OSError, ValueError):
+        return None
+
+
+def _published_architecture(model) -> str | None:
+    """The model_type of a local model directory's config.json."""
+    conf = local_config_json(model)
+    if conf is None:
         return None
     text = conf.get("text_config") or {}
     return " ".join(str(x) for x in (conf.get("model_type"), text.get("model_type"), *(conf.get("architectures") or [])))

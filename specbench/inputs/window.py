@@ -3,11 +3,9 @@ max_new_tokens: a run is refused before anything is timed rather than stopped mi
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from specbench.config import ModelConfig
 from specbench.errors import InputError
+from specbench.inputs.models import local_config_json
 
 
 def model_context_length(model: ModelConfig) -> int | None:
@@ -16,13 +14,9 @@ def model_context_length(model: ModelConfig) -> int | None:
     config.json; None when neither says (the engine checks once the model has loaded)."""
     if model.context_length:
         return int(model.context_length)
-    path = model.path
-    if not path or model.gguf or not Path(str(path), "config.json").is_file():
+    conf = local_config_json(model)
+    if conf is None:
         return None
-    try:
-        conf = json.loads(Path(str(path), "config.json").read_text())
-    except (OSError, ValueError):
-        return None  # the loader says what is wrong with it
     n = conf.get("max_position_embeddings") or (conf.get("text_config") or {}).get("max_position_embeddings")
     return n if isinstance(n, int) and n > 0 else None
 
