@@ -16,7 +16,7 @@ from specbench.speculation.cost import (CostCurve, StepTimes, at_context, at_wid
                                         measure_cost_curve, run_bound, step_contexts)
 
 ROOT = Path(__file__).resolve().parents[1]
-OLD_FILE = ROOT / "results" / "cpu" / "cost_curve.json"  # committed before curves had contexts
+OLD_FILE = ROOT / "results" / "tr_calibration" / "cost_curve.json"  # committed before curves had contexts
 
 
 def two_contexts() -> CostCurve:

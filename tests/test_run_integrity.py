@@ -315,8 +315,8 @@ def test_gemma3_in_float16_ends_in_one_error_line_naming_the_overflow(tmp_path):
     assert not list((tmp_path / "results").rglob("summary.json"))
 
 
-def test_a_superseded_folder_s_gzipped_answers_load_as_written(tmp_path):
-    """Superseded results folders keep their answers gzipped (the checkout travels to a GPU node):
+def test_a_committed_folder_s_gzipped_answers_load_as_written(tmp_path):
+    """Committed results folders keep their answers gzipped (the checkout travels to a GPU node):
     read as the plain file was, and a committed one's runs come back whole."""
     import gzip
 
@@ -330,7 +330,7 @@ def test_a_superseded_folder_s_gzipped_answers_load_as_written(tmp_path):
         f.write(plain.read_text())
     plain.unlink()
     assert jsonl_exists(plain) and read_jsonl(plain) == rows
-    run_dir = ROOT / "results" / "archive" / "cpu-topk" / "smollm2-135m" / "spec_bench-ps2" / "suffix-t0-m128-r1"
+    run_dir = ROOT / "results" / "cpu-headline-v3" / "smollm2-135m" / "spec_bench-ps2" / "suffix-t0-m128-r1"
     assert not (run_dir / "answers.jsonl").exists() and compressed(run_dir / "answers.jsonl").is_file()
     run = load_run(run_dir)
     assert len(run.records) == len(run.baseline) == 12
