@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 QUESTIONS=${QUESTIONS:-${SPECBENCH_QUESTIONS:-../shared/data/spec_bench/question.jsonl}}
 OUT=${OUT:-results/tr_ablations}
 REPEATS=${REPEATS:-1}
-CURVE=${CURVE:-results/cpu/cost_curve.json}
+CURVE=${CURVE:-results/tr_calibration/cost_curve.json}  # the eager curve of results/cpu (commit b392894), the same file
 TREE=${TREE:-$OUT/tuned_tree.json}
 CALIBRATION=${CALIBRATION:-results/tr_calibration}
 COMPILE=${COMPILE:-off}
