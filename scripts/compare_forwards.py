@@ -2,7 +2,7 @@
 runs in two results roots, question by question and turn by turn: e.g. the eager sweep against the
 compiled one.
 
-    python scripts/compare_forwards.py results/cpu results/cpu-compiled
+    python scripts/compare_forwards.py results/eager results/compiled   # two results roots
 """
 
 from __future__ import annotations
@@ -11,19 +11,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from specbench.run.lossless import first_divergence
 from specbench.run.results_io import read_jsonl
 
 
 def answers(path: Path) -> dict:
     """question -> each turn's token ids, from the file or its gzipped copy (read_jsonl takes either)."""
     return {r["question_id"]: [t["token_ids"] for t in r["turns"]] for r in read_jsonl(path)}
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def main(argv=None) -> int:
@@ -48,7 +42,7 @@ def main(argv=None) -> int:
                     continue
                 for t, (ta, tb) in enumerate(zip(a[qid], turns_b)):
                     total += 1
-                    d = first_difference(ta, tb)
+                    d = first_divergence(ta, tb)
                     if d is None:
                         same += 1
                     else:
