@@ -3,8 +3,9 @@
 #  - a twin of the node's Python environment (torch 2.11, transformers 5.17 and the rest of its package
 #    set; hydra, omegaconf, antlr4 and gguf only from the carried wheels), in .venv-node;
 #  - the network cut off (unshare -n), HOME and caches new, nothing of this shell's environment;
-#  - each planned call run from a scratch copy holding exactly what that call carries (the checkout's
-#    tracked and untracked-not-ignored files plus its .gpu/callN), asserted at most 64 MiB;
+#  - the plan at most MAX_CALLS calls (specbench/tools/gpu_node/limits.py: 3), each planned call run
+#    from a scratch copy holding exactly what that call carries (the checkout's tracked and
+#    untracked-not-ignored files plus its .gpu/callN), asserted at most 64 MiB;
 #  - the node's folder kept from call to call, as a warm node keeps it;
 #  - the last call's output folder checked against what comes back (8 files, 16 MiB each, 2 folders
 #    down), and every stage PASS or SKIP(cuda);
@@ -42,6 +43,11 @@ done
 echo "== pack (here, with the network)"
 "$HOST_PY" scripts/gpu_pack.py --json > "$WORK/plan.json"
 calls=$("$HOST_PY" -c "import json; print(len(json.load(open('$WORK/plan.json'))['calls']))")
+max_calls=$("$HOST_PY" -c "import json; print(json.load(open('$WORK/plan.json'))['max_calls'])")
+echo "plan: $calls calls (at most $max_calls)"
+if [ "$calls" -gt "$max_calls" ]; then
+  echo "rehearsal: the weights take $calls calls, more than $max_calls: the checkout has grown (results/README.md)" >&2; exit 1
+fi
 
 node_env() {  # the node: its own Python first on PATH, a new HOME, nothing else of ours
   env -i PATH="$NODE_VENV/bin:/usr/local/bin:/usr/bin:/bin" HOME="$WORK/home" LANG=C.UTF-8 \
@@ -71,8 +77,8 @@ echo "== what came back"
 "$NODE_VENV/bin/python" - "$WORK/call$calls/out" <<'PY'
 import json, sys
 from pathlib import Path
-sys.path.insert(0, "scripts")
-from gpu_check import check_output_folder
+sys.path.insert(0, ".")
+from specbench.tools.gpu_node.limits import check_output_folder
 out = Path(sys.argv[1])
 files = sorted(f for f in out.rglob("*") if f.is_file())
 problems = check_output_folder(out)
@@ -83,7 +89,7 @@ print("stages: " + ", ".join(f"{k} {v['status']}" for k, v in stages.items()))
 if problems or bad:
     sys.exit(f"rehearsal: output folder {problems or ''} stages not PASS or SKIP(cuda): {bad or ''}")
 PY
-echo "largest call: $((largest / 1024)) KiB of $((LIMIT / 1024)) KiB"
+echo "calls: $calls of at most $max_calls; largest call: $((largest / 1024)) KiB of $((LIMIT / 1024)) KiB"
 
 echo "== python run.py on the twin, offline, the embedded model in the cache"
 copy="$WORK/call$calls/repo"

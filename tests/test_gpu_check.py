@@ -1,38 +1,28 @@
-"""The GPU node's prepared command (scripts/gpu_check.py, scripts/gpu_pack.py): the call plan fits
-what a call may carry, carried parts gather on the node and assemble only when whole and checked,
-what comes back is within the node's limits, and the stage results read pytest's and the runner's
-figures right. The whole command runs in CI's rehearsal (scripts/rehearse_gpu_check.sh)."""
+"""The GPU node's prepared command (specbench/tools/gpu_node/, run by scripts/gpu_check.py and packed
+by scripts/gpu_pack.py): the call plan fits what a call may carry, carried parts gather on the node and
+assemble only when whole and checked, what comes back is within the node's limits, and the stage
+results read pytest's and the runner's figures right. The whole command runs in CI's rehearsal
+(scripts/rehearse_gpu_check.sh)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from specbench.tools.gpu_node import driver, jobs, limits, node, pack, real_model, stages, summary
+from specbench.tools.gpu_node.monitor import NodeSampler
 
-import gpu_check  # noqa: E402
-import gpu_pack  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))  # profile_cost, for the walls below
 
 MiB = 1 << 20
-
-
-def test_the_weights_are_spread_over_calls_that_each_fit():
-    sizes = gpu_pack.plan_calls(tree=27 * MiB, fixed=MiB, weights=94 * MiB)
-    room = 64 * MiB - 27 * MiB - gpu_pack.MARGIN
-    assert sum(sizes) == 94 * MiB and len(sizes) == 3
-    assert sizes[0] + MiB <= room and all(s <= room for s in sizes[1:])
-
-
-def test_a_checkout_too_large_to_carry_anything_is_refused():
-    with pytest.raises(SystemExit, match="nothing is left of a call's 64 MiB"):
-        gpu_pack.plan_calls(tree=63 * MiB, fixed=MiB, weights=10 * MiB)
 
 
 def _manifest(tmp_path: Path, blob: bytes, cut: int) -> dict:
@@ -51,66 +41,66 @@ def _manifest(tmp_path: Path, blob: bytes, cut: int) -> dict:
 
 
 def test_parts_gather_across_calls_and_assemble_only_when_whole(tmp_path, monkeypatch):
-    node = tmp_path / "node"
-    monkeypatch.setattr(gpu_check, "NODE_DIR", node)
+    node_dir = tmp_path / "node"
+    monkeypatch.setattr(node, "NODE_DIR", node_dir)
     blob = bytes(range(256)) * 40
     manifest = _manifest(tmp_path, blob, 3000)
     call2 = tmp_path / ".gpu" / "call2"
     moved = tmp_path / "later"
     call2.rename(moved)  # the first call carries call1 only
-    gpu_check.stage_carried(tmp_path / ".gpu", node)
-    assert gpu_check.parts_status(manifest, node) == (["w.gguf.part1"], ["w.gguf.part2"])
+    node.stage_carried(tmp_path / ".gpu", node_dir)
+    assert node.parts_status(manifest, node_dir) == (["w.gguf.part1"], ["w.gguf.part2"])
     ctx = {"manifest": manifest}
-    result = gpu_check.stage_weights(ctx)
+    result = stages.stage_weights(ctx)
     assert result["status"] == "FAIL" and "w.gguf.part2 never reached this machine" in result["detail"]
     (tmp_path / ".gpu" / "call1").rename(tmp_path / "done")  # the next call: the node kept part 1
     moved.rename(call2)
-    gpu_check.stage_carried(tmp_path / ".gpu", node)
-    assert gpu_check.stage_weights(ctx)["status"] == "PASS"
-    assert gpu_check.embedded_gguf_path(manifest).read_bytes() == blob
+    node.stage_carried(tmp_path / ".gpu", node_dir)
+    assert stages.stage_weights(ctx)["status"] == "PASS"
+    assert node.embedded_gguf_path(manifest).read_bytes() == blob
 
 
 def test_a_corrupt_part_is_refused(tmp_path, monkeypatch):
-    node = tmp_path / "node"
-    monkeypatch.setattr(gpu_check, "NODE_DIR", node)
+    node_dir = tmp_path / "node"
+    monkeypatch.setattr(node, "NODE_DIR", node_dir)
     manifest = _manifest(tmp_path, b"x" * 5000, 100)
     (tmp_path / ".gpu" / "call2" / "parts" / "w.gguf.part2").write_bytes(b"y" * 4900)
-    gpu_check.stage_carried(tmp_path / ".gpu", node)
-    result = gpu_check.stage_weights({"manifest": manifest})
+    node.stage_carried(tmp_path / ".gpu", node_dir)
+    result = stages.stage_weights({"manifest": manifest})
     assert result == {"status": "FAIL", "detail": "part w.gguf.part2 does not match its sha256"}
-    assert not gpu_check.embedded_gguf_path(manifest).exists()
+    assert not node.embedded_gguf_path(manifest).exists()
 
 
 def test_the_output_folder_is_checked_against_what_comes_back(tmp_path):
-    assert gpu_check.check_output_folder(tmp_path) == []
+    assert limits.check_output_folder(tmp_path) == []
     for i in range(9):
         (tmp_path / f"f{i}.txt").write_text("x")
     (tmp_path / "a" / "b" / "c").mkdir(parents=True)
     (tmp_path / "a" / "b" / "c" / "deep.txt").write_text("x")
     (tmp_path / "odd name.txt").write_text("x")
-    problems = gpu_check.check_output_folder(tmp_path)
+    problems = limits.check_output_folder(tmp_path)
     assert any("11 files" in p for p in problems)
     assert any("more than two folders down" in p for p in problems)
     assert any("odd name.txt" in p for p in problems)
 
 
 def test_pytest_counts_and_method_order():
-    assert gpu_check.pytest_counts("3 passed, 1 failed, 12 skipped, 2 errors in 4.1s") == \
+    assert jobs.pytest_counts("3 passed, 1 failed, 12 skipped, 2 errors in 4.1s") == \
         {"passed": 3, "failed": 1, "skipped": 12, "error": 2}
-    assert gpu_check.pytest_counts("12 skipped in 0.5s")["skipped"] == 12
-    order = gpu_check.method_order(["ar", "pld", "zeta", "tr", "alpha", "tr_fused"])
+    assert jobs.pytest_counts("12 skipped in 0.5s")["skipped"] == 12
+    order = real_model.method_order(["ar", "pld", "zeta", "tr", "alpha", "tr_fused"])
     assert order == ["tr_fused", "tr", "pld", "alpha", "zeta"]
-    assert gpu_check.method_order(["ar", "pld", "tr"], ["pld"]) == ["pld"]
+    assert real_model.method_order(["ar", "pld", "tr"], ["pld"]) == ["pld"]
 
 
 def test_pytest_verbose_output_is_counted_when_the_run_never_ended():
     log = ("tests/a.py::test_one PASSED     [ 25%]\ntests/a.py::test_two[torch.float16] SKIPPED (needs a CUDA GPU) [ 50%]\n"
            "tests/a.py::test_three FAILED  [ 75%]\ntests/b.py::test_four ")
-    assert gpu_check.closing_line(log) is None
-    assert gpu_check.verbose_counts(log) == {"passed": 1, "failed": 1, "skipped": 1, "error": 0}
-    assert gpu_check.last_line(log) == "tests/b.py::test_four"
+    assert jobs.closing_line(log) is None
+    assert jobs.verbose_counts(log) == {"passed": 1, "failed": 1, "skipped": 1, "error": 0}
+    assert jobs.last_line(log) == "tests/b.py::test_four"
     ended = log + "PASSED [100%]\n\n=========== 2 passed, 1 failed, 1 skipped in 3.20s ===========\n"
-    assert gpu_check.pytest_counts(gpu_check.closing_line(ended)) == {"passed": 2, "failed": 1, "skipped": 1, "error": 0}
+    assert jobs.pytest_counts(jobs.closing_line(ended)) == {"passed": 2, "failed": 1, "skipped": 1, "error": 0}
 
 
 def test_the_last_line_skips_progress_bars_and_library_logging():
@@ -121,8 +111,8 @@ def test_the_last_line_skips_progress_bars_and_library_logging():
            "  warnings.warn(\n"
            "W1126 16:28:25.395000 2572 torch/_inductor/cudagraph_utils.py:207] [__cudagraphs] skipping cudagraphs\n"
            "W1126 16:28:25.395000 2572 torch/_inductor/cudagraph_utils.py:207] [__cudagraphs] \n\n")
-    assert gpu_check.last_line(log).startswith("compiling the compiled forward for a cache of 2048 rows")
-    assert gpu_check.last_line("\n  \n") is None
+    assert jobs.last_line(log).startswith("compiling the compiled forward for a cache of 2048 rows")
+    assert jobs.last_line("\n  \n") is None
 
 
 def test_the_cuda_tests_run_eager_first_and_compile_heavy_last():
@@ -130,14 +120,14 @@ def test_the_cuda_tests_run_eager_first_and_compile_heavy_last():
     import ast
 
     compiles = []
-    for selection in gpu_check.CUDA_TESTS:
+    for selection in stages.CUDA_TESTS:
         path, name = selection.split("::")
         tree = ast.parse((ROOT / path).read_text())
         fn = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
         assert fn, f"{selection} names no test"
         compiles.append("compiled=True" in ast.unparse(fn[0]))
     assert compiles == sorted(compiles) and compiles[0] is False and compiles[-1] is True
-    assert "-v" in gpu_check.pytest_command(gpu_check.CUDA_TESTS, Path("x.xml"))
+    assert "-v" in jobs.pytest_command(stages.CUDA_TESTS, Path("x.xml"))
 
 
 def test_a_stage_its_budget_ends_leaves_its_progress_and_nothing_running(tmp_path):
@@ -150,21 +140,21 @@ def test_a_stage_its_budget_ends_leaves_its_progress_and_nothing_running(tmp_pat
         "def test_slow():\n"
         f"    open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n"
         "    time.sleep(120)\n")
-    stage = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import gpu_check; "
+    stage = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from specbench.tools.gpu_node import jobs; "
              "print('gpu_check: cuda_tests: 2 tests, the fast one first'); "
-             f"gpu_check.run_job(gpu_check.pytest_command(['test_two.py'], {str(tmp_path / 'x.xml')!r}), 120, "
+             f"jobs.run_job(jobs.pytest_command(['test_two.py'], {str(tmp_path / 'x.xml')!r}), 120, "
              f"cwd={str(tmp_path)!r})")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     (tmp_path / "work").mkdir()
     log = tmp_path / "work" / "cuda_tests.log"
     t0 = time.time()
     budget = 20  # pytest reaches test_slow in a few seconds, on a loaded machine too
-    assert gpu_check.run_stage_process([sys.executable, "-c", stage], log, budget, env, cwd=tmp_path)
+    assert jobs.run_stage_process([sys.executable, "-c", stage], log, budget, env, cwd=tmp_path)
     assert time.time() - t0 < budget + 2
     text = log.read_text()
     assert "gpu_check: cuda_tests: 2 tests, the fast one first" in text
     assert "test_two.py::test_fast PASSED" in text
-    result = gpu_check.stage_result(tmp_path / "work", "cuda_tests", timed_out=True)
+    result = driver.stage_result(tmp_path / "work", "cuda_tests", timed_out=True)
     assert result == {"status": "PARTIAL", "detail": "ran past its budget at: test_two.py::test_slow"}
     pid = int((tmp_path / "pid").read_text())
     for _ in range(50):  # killed with its stage; its new parent reaps it
@@ -179,7 +169,7 @@ def test_a_stage_its_budget_ends_leaves_its_progress_and_nothing_running(tmp_pat
 def test_a_job_past_its_timeout_is_killed_with_what_it_started(tmp_path):
     child = f"import os, time; open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     job = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"
-    assert gpu_check.run_job([sys.executable, "-c", job], 3) is None
+    assert jobs.run_job([sys.executable, "-c", job], 3) is None
     pid = int((tmp_path / "pid").read_text())
     for _ in range(50):
         stat = Path(f"/proc/{pid}/stat")
@@ -191,30 +181,30 @@ def test_a_job_past_its_timeout_is_killed_with_what_it_started(tmp_path):
 
 
 def test_every_stage_has_a_function_and_the_budgets_fit_a_call():
-    names = [s.name for s in gpu_check.STAGES]
-    assert names == list(gpu_check.STAGE_FUNCTIONS)
+    names = [s.name for s in limits.STAGES]
+    assert names == list(stages.STAGE_FUNCTIONS)
     # the most valuable first: every method compiled, the leading ones eager beside it, the CUDA tests
     assert names[:5] == ["probe", "weights", "real_model_compiled", "real_model", "cuda_tests"]
-    assert gpu_check.TOTAL_BUDGET <= 570  # a call runs at most 600 s
-    assert sum(s.gpu_budget for s in gpu_check.STAGES) + gpu_check.ARCHIVE_SECONDS + gpu_check.MARGIN_SECONDS \
-        <= gpu_check.TOTAL_BUDGET
-    assert sum(s.cpu_budget for s in gpu_check.STAGES) + gpu_check.ARCHIVE_SECONDS <= gpu_check.CPU_BUDGET
+    assert limits.TOTAL_BUDGET <= 570  # a call runs at most 600 s
+    assert sum(s.gpu_budget for s in limits.STAGES) + limits.ARCHIVE_SECONDS + limits.MARGIN_SECONDS \
+        <= limits.TOTAL_BUDGET
+    assert sum(s.cpu_budget for s in limits.STAGES) + limits.ARCHIVE_SECONDS <= limits.CPU_BUDGET
     # real_model covers the leading methods: at most ~15 s each at 32 new tokens after a warm-up (65 s
     # on the H200); the compiled pass also compiles its three row buckets in its warm-up
-    assert gpu_check.MAX_NEW_TOKENS["gpu"] <= 32
-    assert gpu_check.STAGES[names.index("real_model")].gpu_budget >= 65 + len(gpu_check.LEADING_METHODS) * 14
-    assert gpu_check.STAGES[names.index("real_model_compiled")].gpu_budget >= \
-        gpu_check.STAGES[names.index("real_model")].gpu_budget
+    assert real_model.MAX_NEW_TOKENS["gpu"] <= 32
+    assert limits.STAGES[names.index("real_model")].gpu_budget >= 65 + len(real_model.LEADING_METHODS) * 14
+    assert limits.STAGES[names.index("real_model_compiled")].gpu_budget >= \
+        limits.STAGES[names.index("real_model")].gpu_budget
 
 
 def test_a_stage_gets_its_budget_and_what_earlier_stages_left_unused():
-    stages = [gpu_check.Stage(n, b, b, "") for n, b in (("a", 100), ("b", 50), ("c", 30))]
-    assert gpu_check.stage_budget(stages, 0, 180, cpu=False) == 100
-    assert gpu_check.stage_budget(stages, 0, 200, cpu=False) == 120  # 20 s more than the three are sure of
-    assert gpu_check.stage_budget(stages, 1, 110, cpu=False) == 80  # 'a' left 30 s unused
-    assert gpu_check.stage_budget(stages, 1, 110, cpu=False, skip={"c"}) == 110
-    assert gpu_check.stage_budget(stages, 2, 60, cpu=False) == 60  # the last takes what is left
-    assert gpu_check.stage_budget(stages, 1, 40, cpu=False) == 40  # never more than is left
+    stages = [limits.Stage(n, b, b, "") for n, b in (("a", 100), ("b", 50), ("c", 30))]
+    assert limits.stage_budget(stages, 0, 180, cpu=False) == 100
+    assert limits.stage_budget(stages, 0, 200, cpu=False) == 120  # 20 s more than the three are sure of
+    assert limits.stage_budget(stages, 1, 110, cpu=False) == 80  # 'a' left 30 s unused
+    assert limits.stage_budget(stages, 1, 110, cpu=False, skip={"c"}) == 110
+    assert limits.stage_budget(stages, 2, 60, cpu=False) == 60  # the last takes what is left
+    assert limits.stage_budget(stages, 1, 40, cpu=False) == 40  # never more than is left
 
 
 def test_step_medians_come_from_the_runs_answers(tmp_path):
@@ -224,15 +214,15 @@ def test_step_medians_come_from_the_runs_answers(tmp_path):
 
     write("answers.jsonl", [[[0.010, 0.030]], [[0.020], [0.040, 0.050]]])
     write("baseline_answers.jsonl", [[[0.056, 0.056, 0.020]]])
-    assert gpu_check.step_medians({"results_dir": str(tmp_path)}) == {"step_ms": 30.0, "ar_step_ms": 56.0}
-    assert gpu_check.step_medians({}) == {"step_ms": None, "ar_step_ms": None}
+    assert real_model.step_medians({"results_dir": str(tmp_path)}) == {"step_ms": 30.0, "ar_step_ms": 56.0}
+    assert real_model.step_medians({}) == {"step_ms": None, "ar_step_ms": None}
 
 
 def test_the_method_table_shows_each_methods_step_and_ar_step():
     row = {"method": "tr", "forward_used": "eager", "dtype": "float16", "speedup": 1.5, "decode_speedup": 1.6,
            "bound": 2.0, "mat": 2.1, "rows_per_step": 81.0, "tokens_per_s": 70.0, "ar_tokens_per_s": 45.0,
            "step_ms": 30.0, "ar_step_ms": 20.5, "lossless": "exact", "status": "ok"}
-    lines = gpu_check.method_lines({"rows": [row], "warmup": {"status": "ok", "seconds": 60.0, "ar_step_ms": 21.0}},
+    lines = summary.method_lines({"rows": [row], "warmup": {"status": "ok", "seconds": 60.0, "ar_step_ms": 21.0}},
                                    "real_model")
     text = "\n".join(lines)
     assert "| step ms | AR step ms |" in text and "| 30.0 | 20.5 |" in text
@@ -245,21 +235,21 @@ def test_the_real_model_settings_and_the_warm_up_compose(tmp_path, monkeypatch, 
     """The methods' settings and the warm-up's (AR on one question) are valid settings."""
     from hydra import compose, initialize_config_dir
 
-    monkeypatch.setattr(gpu_check, "NODE_DIR", tmp_path)
+    monkeypatch.setattr(node, "NODE_DIR", tmp_path)
     if questions:
         (tmp_path / "questions").mkdir()
         (tmp_path / "questions" / "question.jsonl").write_text("")
     ctx = {"cuda": cuda, "max_new_tokens": 32}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         for warm_up in (False, True):
-            over = gpu_check.real_model_overrides(ctx, "float16", "eager", tmp_path, warm_up=warm_up)
+            over = real_model.real_model_overrides(ctx, "float16", "eager", tmp_path, warm_up=warm_up)
             cfg = compose("config", overrides=["method=ar" if warm_up else "method=tr", *over])
             assert cfg.max_new_tokens == 32
             if warm_up and questions:
-                assert list(cfg.task.subtasks) == [gpu_check.WARMUP_SUBTASK] and cfg.task.per_subtask == 1
+                assert list(cfg.task.subtasks) == [real_model.WARMUP_SUBTASK] and cfg.task.per_subtask == 1
             elif warm_up:
                 assert cfg.task.limit == 1
-            assert cfg.warmup == (gpu_check.WARMUP_REPEATS if warm_up else 1)
+            assert cfg.warmup == (real_model.WARMUP_REPEATS if warm_up else 1)
 
 
 # -- the walls a sweep on the node would have hit ----------------------------------------------------
@@ -304,7 +294,7 @@ def test_turn_timeline_lists_each_turns_median_step_in_the_order_decoded(tmp_pat
     answers("answers.jsonl", 2, [[0.023]])
     answers("baseline_answers.jsonl", 2, [[0.064]])
     summary = {"results_dir": str(tmp_path), "order": {"first": {"1": "ar", "2": "method"}}}
-    assert gpu_check.turn_timeline(summary) == ["a19", "a58", "m25", "m80", "m23", "a64"]
+    assert real_model.turn_timeline(summary) == ["a19", "a58", "m25", "m80", "m23", "a64"]
 
 
 def test_node_sampler_summarises_the_gpu_clocks_it_sampled(tmp_path, monkeypatch):
@@ -319,7 +309,7 @@ def test_node_sampler_summarises_the_gpu_clocks_it_sampled(tmp_path, monkeypatch
                    "echo '2026/11/26 16:38:00.500, 1980, 2619, P0, 45, 155.0, 41'\nsleep 30\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    sampler = gpu_check.NodeSampler(tmp_path, "real_model")
+    sampler = NodeSampler(tmp_path, "real_model")
     time.sleep(1.0)
     node = sampler.stop()
     assert (node["samples"], node["sm_mhz_min"], node["sm_mhz_median"], node["sm_mhz_max"]) == (3, 345, 1980, 1980)
