@@ -19,6 +19,10 @@ speedup bound and rows per step.
 
 Also writes the sweep-level <root>/results.csv: one line per run directory.
 
+A speedup not timed alone on one environment (a question timed under other load, a run with
+timing.exclusive=false, or a method and its AR timed on different hardware or software:
+report/timing_marks.py) is marked † with a footnote, and the script exits 1 unless --allow-mixed.
+
 Serving runs under the root (run.py batch_size= / request_rate=, e.g.
 `python run.py -m method=ar,tr,pld batch_size=1,4,16 batch_speculation=fixed,goodput repeat=0,1,2`)
 get serving.md and plots/speedup_vs_batch.png, plots/latency_vs_rate.png in the same folder: one row
@@ -43,6 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--published", default=str(DEFAULT_PUBLISHED),
                     help="directory of published CSVs ('' for none)")
     ap.add_argument("--no-results-csv", action="store_true", help="do not write <root>/results.csv")
+    ap.add_argument("--allow-mixed", action="store_true",
+                    help="exit 0 even when a speedup was not timed alone on one environment (it stays marked)")
     ap.add_argument("--readme", help="a Markdown file whose <!-- BEGIN TABLE: <root> --> ... <!-- END TABLE --> "
                                      "block gets the first table (the README's results table)")
     args = ap.parse_args(argv)
@@ -85,7 +91,12 @@ def main(argv=None) -> int:
     print(md)
     print(f"written: {out / 'tables.md'}, {out / 'tables.tex'}, {out / 'tables.csv'}"
           + ("" if args.no_results_csv else f", {out / 'results.csv'}"), file=sys.stderr)
-    return 1 if failed else 0
+    mixed = [r for r in aggregated if r.get("timing_flags")]
+    for r in mixed:
+        print(f"{'warning' if args.allow_mixed else 'error'}: {r['method']} {tables.params_key(r.get('method_params'))} "
+              f"({r['model']}, {r['task']}, T={r['temperature']:g}): {'; '.join(r['timing_flags'])}; "
+              "rerun it alone (timing.exclusive=true), or pass --allow-mixed to keep it, marked", file=sys.stderr)
+    return 1 if failed or (mixed and not args.allow_mixed) else 0
 
 
 def fill_readme_table(readme: Path, root: str, table_md: str) -> None:

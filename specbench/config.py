@@ -30,6 +30,23 @@ class LosslessConfig:
 
 
 @dataclass
+class TimingConfig:
+    """How a run keeps its timing to itself (run/device_lock.py, run/contention.py)."""
+
+    # true: the run times only while it holds its device's timing lock (per host for the CPU, per GPU by
+    # UUID), so parallel jobs of a sweep queue for timing; false: it times whenever it gets there, and its
+    # results are marked as timed on a shared device
+    exclusive: bool = True
+    # a timed generation is flagged as contended when other processes used more of the device than the
+    # run leaves free by more than this: on a CPU in cores (other processes' CPU time per wall second,
+    # beyond the cores the run's threads do not ask for); on a GPU any other process computing on it
+    max_other_load: float = 0.25
+    # baseline=shared or reuse on AR answers timed on other hardware or software is refused; true allows
+    # it (its speedups are then marked as mixed in every table)
+    allow_mixed: bool = False
+
+
+@dataclass
 class WandbConfig:
     """Weights & Biases logging at the end of each run, offline by default (no account needed)."""
 
@@ -117,6 +134,7 @@ class RunConfig:
     results_dir: Optional[str] = None  # None: <results_root>/<model>/<task>/<method>-t<T>-m<max_new_tokens>
     progress: bool = True
     lossless: LosslessConfig = field(default_factory=LosslessConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     @property
@@ -147,6 +165,7 @@ class RunPlan:
     device_name: str  # as results record it (a GPU: its name; a CPU: its processor and threads)
     forward: str  # eager | compiled | compiled-packed
     results_dir: str  # this run's folder (run/plan.py run_directory), named by the settings
+    questions: tuple = ()  # the task's questions, loaded once by plan_run (inputs/questions.Question)
 
     @property
     def method(self) -> str:
@@ -180,7 +199,8 @@ def typed(schema: type, given):
     return schema(**with_defaults(schema, dict(given or {})))
 
 
-RUN_PARTS = {"model": ModelConfig, "task": TaskConfig, "lossless": LosslessConfig, "wandb": WandbConfig}
+RUN_PARTS = {"model": ModelConfig, "task": TaskConfig, "lossless": LosslessConfig, "timing": TimingConfig,
+             "wandb": WandbConfig}
 
 
 def run_config(given) -> RunConfig:

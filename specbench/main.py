@@ -23,9 +23,11 @@ def run_benchmark(given) -> dict:
         summary = run_serving(plan)
         after_serving_run(summary)  # prints this run's table, writes the folder's; warns, never fails
         return summary
+    from specbench.report.console import print_finished
     from specbench.run.single import run_single
 
     done = run_single(plan)
+    print_finished(done.summary)
     after_run(done.plan.recorded(), done.summary, done.records, done.baseline, done.out_dir)  # warns, never fails
     return done.summary
 

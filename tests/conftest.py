@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,12 @@ os.environ.setdefault("SPECBENCH_COMPILE", "off")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # and the runs it starts (python run.py ...) likewise
+
+
+# Each worker, and the runs it starts, takes its own timing lock (run/device_lock.py): the suite's runs are
+# tests, not measurements, and two workers queueing for one lock would make the suite serial.
+# tests/test_timing_lock.py shares one between processes on purpose.
+os.environ.setdefault("SPECBENCH_LOCK_DIR", str(Path(tempfile.gettempdir()) / f"specbench-test-locks-{os.getpid()}"))
 
 
 @pytest.fixture(autouse=True)

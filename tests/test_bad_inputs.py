@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import run as cli
-from specbench.run import plan, single, target
+from specbench.run import plan, session, single, target
 from specbench.errors import SettingsError
 from specbench.inputs.models import resolve_device, run_dtype
 from specbench.registry import available_methods, drafter_class
@@ -138,8 +138,8 @@ def _not_reached(what):
 def run_in_process(overrides: list[str], monkeypatch, capsys) -> tuple[int, str]:
     """run.py's code path without the interpreter start: exit code and stderr."""
     monkeypatch.setattr(target, "load_model", _not_reached("load_model"))
-    for name in ("run_cost_curve", "build_drafter"):
-        monkeypatch.setattr(single, name, _not_reached(name))
+    for module, name in ((session, "run_cost_curve"), (single, "build_drafter")):
+        monkeypatch.setattr(module, name, _not_reached(name))
     cli.check_group_options(overrides)
     with initialize_config_dir(config_dir=CONF, version_base=None):
         cfg = compose("config", overrides=overrides)

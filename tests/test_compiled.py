@@ -200,7 +200,7 @@ class _WordTokenizer:
 
 
 def test_one_capacity_reserved_for_every_turn_of_the_run(tiny_llama):
-    from specbench.run.single import longest_prompt_bound, reserve_compiled_cache
+    from specbench.run.prompts import longest_prompt_bound, reserve_compiled_cache
     from specbench.inputs.questions import Question
 
     qs = [Question("a", "qa", ["one two three"]), Question("b", "writing", ["w " * 600, "x " * 10])]

@@ -162,7 +162,7 @@ def test_a_fixed_shape_run_keeps_one_reserved_capacity(tiny_llama, monkeypatch):
 
 
 def test_the_runner_reserves_a_capacity_for_fixed_shapes_too(tiny_llama, real_model, monkeypatch):
-    from specbench.run.single import reserve_compiled_cache
+    from specbench.run.prompts import reserve_compiled_cache
     from specbench.decoding.compiled import CompiledForward
     from specbench.inputs.questions import Question
     from specbench.methods.ar import Autoregressive

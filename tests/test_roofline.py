@@ -104,7 +104,8 @@ def record(rows, lengths, subtask="qa"):
 
 
 def test_summary_and_table_report_the_ratio_when_the_curve_has_machine_figures():
-    from specbench.run.single import format_table, summarize
+    from specbench.report.console import format_table
+    from specbench.run.summary import summarize
 
     from tests.test_config import plan_of
 

@@ -103,26 +103,29 @@ def test_run_py_refuses_a_directory_another_run_holds_in_one_line(tmp_path, hold
         assert not (run_dir / "run_config.json").exists()  # refused before anything was written
 
 
-def test_the_runner_releases_its_lock_when_the_run_is_done(tmp_path):
-    """open_run_directory's lock lives as long as its Run: a Hydra multirun's next job on the same
-    directory (the same process) and a later process both get in."""
-    from specbench.run import single as runner
+def test_a_session_releases_its_locks_when_closed_or_dropped(tmp_path, monkeypatch):
+    """A session's folder lock lives as long as the session: a Hydra multirun's next job on the same
+    folder (the same process) and a later process both get in, once it is closed or dropped."""
+    from specbench.run import session as sessions
     from tests.test_config import cfg as compose, plan_of
 
+    monkeypatch.setattr(sessions.Session, "_load", lambda self: None)  # the folder and locks, no model
     plan = plan_of(compose(f"results_dir={tmp_path}/run", "task.limit=1"), max_new_tokens=8, device="cpu",
                    dtype="float32")
-    run = runner.open_run_directory(plan)
-    again = runner.open_run_directory(plan)  # the same process: shared, not refused
+    run = sessions.open_session(plan)
+    again = sessions.open_session(plan)  # the same process: shared, not refused
     del run
-    out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
-                          "from specbench.run.run_lock import lock_run_directory as l; l(sys.argv[2])",
-                          str(ROOT), str(tmp_path / "run")], capture_output=True, text=True)
+    probe = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
+             "from specbench.run.run_lock import lock_run_directory as l; l(sys.argv[2])",
+             str(ROOT), str(tmp_path / "run")]
+    out = subprocess.run(probe, capture_output=True, text=True)
     assert out.returncode == 1 and "is in use by another run" in out.stderr  # `again` still holds it
     del again
-    out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
-                          "from specbench.run.run_lock import lock_run_directory as l; l(sys.argv[2])",
-                          str(ROOT), str(tmp_path / "run")], capture_output=True, text=True)
+    out = subprocess.run(probe, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+    closed = sessions.open_session(plan)
+    closed.close()
+    assert subprocess.run(probe, capture_output=True, text=True).returncode == 0
 
 
 # -- records written whole ------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ def test_a_run_without_max_new_tokens_warms_up_and_decodes_on_the_tasks_budget(r
 
 
 def test_table_footer_says_what_to_try_when_tr_is_slow():
-    from specbench.run.single import format_table
+    from specbench.report.console import format_table
 
     summary = {"method": "tr", "speedup": {"qa": 0.5, "overall": 0.5}, "decode_speedup": {"overall": 0.5},
                "speedup_bound": 0.49, "mat": 2.3, "tokens_per_s": 7.5, "baseline_tokens_per_s": 15.0,

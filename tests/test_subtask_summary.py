@@ -3,7 +3,8 @@ order, the prefill apart from decode, and the memory of the largest turn."""
 
 import pytest
 
-from specbench.run.single import format_bytes, format_table, subtask_table, summarize
+from specbench.report.console import format_bytes, format_table, subtask_table
+from specbench.run.summary import summarize
 from tests.test_config import plan_of
 from tests.test_tables import BUCKETS, bucket_record
 

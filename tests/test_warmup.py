@@ -10,7 +10,7 @@ from collections import deque
 import pytest
 import torch
 
-from specbench.run.single import warm_up
+from specbench.run.question_loop import warm_up
 from specbench.decoding.engine import Engine
 from specbench.draft import DraftTree
 from specbench.speculation.cost import CostCurve, StepTimes

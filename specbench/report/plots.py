@@ -31,7 +31,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 from specbench.inputs.questions import SUBTASKS  # noqa: E402
-from specbench.report import tables  # noqa: E402
+from specbench.report import tables, timing_marks  # noqa: E402
 from specbench.run import metrics  # noqa: E402
 
 SUBTASK_HEADERS = dict(tables.COLUMNS)
@@ -50,7 +50,18 @@ def _labels(df):
         differing = [k for k in sorted(mine) if len({json.dumps(o.get(k)) for o in options}) > 1]
         return f"{r['method']} (" + ", ".join(f"{k}={mine[k]}" for k in differing) + ")"
 
-    return df.apply(label, axis=1)
+    labels = df.apply(label, axis=1)
+    if "timing_flags" not in df.columns:  # the per-question and per-step frames carry no flags
+        return labels
+    flagged = set(labels[df["timing_flags"].map(bool)])  # a variant with one flagged run is marked as a whole
+    return labels.map(lambda lab: timing_marks.marked(lab, lab in flagged))
+
+
+def _timing_note(fig, df) -> None:
+    """The marked labels' footnote under a speedup plot (run/contention.py, report/timing_marks.py)."""
+    if "timing_flags" in df.columns and df["timing_flags"].map(bool).any():
+        fig.text(0.01, 0.005, f"{timing_marks.MARK} not timed alone on one environment: see the tables' footnote",
+                 fontsize=7, color="firebrick")
 
 
 def _order(methods) -> list:
@@ -122,6 +133,7 @@ def speedup_subtasks(runs, title: str | None = None):
     ax.set_title(title or "Speedup per subtask")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
+    _timing_note(fig, df)
     return fig
 
 
@@ -225,6 +237,7 @@ def speedup_vs_temperature(runs, title: str | None = None):
     ax.set_title(title or "Speedup against temperature")
     ax.legend(fontsize=8)
     fig.tight_layout()
+    _timing_note(fig, df)
     return fig
 
 
@@ -267,6 +280,7 @@ def speedup_vs_input_length(runs, title: str | None = None):
     ax.set_title(title or "Speedup against input length")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
+    _timing_note(fig, df)
     return fig
 
 

@@ -18,7 +18,7 @@ from specbench.markdown import markdown_table
 from specbench.run import lossless
 from specbench.run.metrics import mean_interval_95
 from specbench.run.results_io import read_json
-from specbench.run.serving import SERVING_CONFIG  # what marks a serving run's directory
+from specbench.run.session import SERVING_CONFIG  # what marks a serving run's directory
 
 IDENTITY = ("model", "task", "dtype", "device", "forward", "max_new_tokens")  # one table each
 

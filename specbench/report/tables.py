@@ -25,6 +25,7 @@ from specbench.run import metrics
 from specbench.run.lossless import verdict_line
 from specbench.inputs.questions import SUBTASKS
 from specbench.markdown import markdown_table
+from specbench.report import timing_marks
 
 # (key, header) in Spec-Bench's leaderboard order; subtask columns are speedups over AR. Acc. rate
 # (accepted / drafted draft tokens) is ours; the overall speedup's 95% CI follows as a last column.
@@ -82,6 +83,7 @@ def run_row(meta: dict, records: list[dict], baseline: list[dict]) -> dict:
     row["question_speeds"] = metrics.question_speeds(records, baseline) if records and baseline else {}
     ci = metrics.repeated_speedup_ci([row["question_speeds"]])
     row["speedup_ci_lo"], row["speedup_ci_hi"] = ci or (None, None)
+    row["timing_flags"] = timing_marks.timing_flags(records, baseline)
     return row
 
 
@@ -170,6 +172,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
         agg["speedup_ci_lo"], agg["speedup_ci_hi"] = ci or (None, None)
         tallies = [r.get("lossless") for r in rs if r.get("lossless")]
         agg["lossless"] = ({k: sum(t.get(k, 0) for t in tallies) for k in tallies[0]} if tallies else None)
+        agg["timing_flags"] = timing_marks.merged([r.get("timing_flags") for r in rs])
         out.append(agg)
     return out
 
@@ -322,7 +325,9 @@ def format_value(key: str, value: float | None, std: float | None = None) -> str
 
 
 def _row_label(r: dict) -> str:
-    return r["label"] if r["source"] == "ours" else f"{r['label']} [{r['source']}]"
+    if r["source"] != "ours":
+        return f"{r['label']} [{r['source']}]"
+    return timing_marks.marked(r["label"], r.get("timing_flags"))
 
 
 def _cells(r: dict, subtasks: list[str]) -> list[str]:
@@ -352,6 +357,9 @@ def _footnote(table: dict) -> str:
                         "over questions (one run)"))
     if any(r["source"] != "ours" for r in table["rows"]):
         parts.append("[..] rows: published figures (greedy, fp16, A100), not comparable in tokens/s")
+    marks = timing_marks.footnote(ours, lambda r: r["label"])
+    if marks:
+        parts.append(marks)
     return ". ".join(parts)
 
 

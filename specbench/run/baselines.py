@@ -68,11 +68,11 @@ class Reused(Baseline):
 
 
 class Shared(Baseline):
-    def __init__(self, ar_dir: Path, ar_identity: dict, cfg: dict):
+    def __init__(self, ar_dir: Path, ar_identity: dict, cfg: dict, provenance: dict | None = None):
         from specbench.run.sweep import SharedBaseline
 
         self.directory = ar_dir
-        self.shared = SharedBaseline(ar_dir, ar_identity, cfg)
+        self.shared = SharedBaseline(ar_dir, ar_identity, cfg, provenance)
         self.answers = self.shared.load()
 
     @property

@@ -137,6 +137,14 @@ def run_identity(plan: RunPlan) -> dict:
     return ident
 
 
+def serving_identity(plan: RunPlan) -> dict:
+    """What a serving run's sides depend on: the shared settings, the method and the load it was given."""
+    cfg = plan.settings
+    return dict(identity(plan), method=plan.method, method_params=cfg.method_settings,
+                batch_size=cfg.batch_size, request_rate=cfg.request_rate,
+                batch_speculation=cfg.batch_speculation)
+
+
 # Keys an identity gained after results were committed: an old run_config.json lacks them.
 NEWER_IDENTITY_KEYS = ("code_version", "task_sha256", "lossless_check", "threads")
 
@@ -192,12 +200,12 @@ def plan_run(given) -> RunPlan:
     check_context_length(cfg.model, cfg.max_new_tokens)
     method.check_settings(cfg.method_settings, {"model_name": cfg.model.name, "device": cfg.device,
                                                 "dtype_name": dtype})
-    load_task(cfg.task)  # the question file: there and well-formed (file and line named)
+    questions = tuple(load_task(cfg.task))  # the question file: there and well-formed (file and line named)
     torch.manual_seed(cfg.seed)
     settings = dataclasses.replace(cfg, device=str(device), dtype=dtype,
                                    host_memory=apply_host_memory(cfg.host_memory))
     plan = RunPlan(settings=settings, device_name=device_name(device), forward=planned,
-                   results_dir=str(run_directory(settings)))
+                   results_dir=str(run_directory(settings)), questions=questions)
     # what this machine can build of the planned forward: each step down said in one line
     choice = choose_forward(cfg.compile, cfg.compile_products, device, resolve_dtype(dtype))
     for line in choice.warnings:

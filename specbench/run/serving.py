@@ -23,111 +23,110 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 from specbench.run import lossless
-from specbench.run.results_io import make_directory, read_json, write_json_atomic
-from specbench.run.run_lock import lock_run_directory
+from specbench.run.results_io import read_json, write_json_atomic
 from specbench.run.serving_metrics import poisson_arrivals, serving_figures
 from specbench.config import RunConfig, RunPlan
-from specbench.run.plan import check_identity, identity
-from specbench.run.target import load_engine, method_drafter_factory, run_cost_curve
+from specbench.run.session import SERVING, Session, open_session
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
 from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost
 from specbench.inputs.chat import prompt_ids
-from specbench.inputs.tasks import WARMUP_QUESTION, load_task
-from specbench.inputs.window import check_prompts_fit, model_context_length
+from specbench.inputs.tasks import WARMUP_QUESTION
 from specbench.registry import build_drafter
-
-
-SERVING_CONFIG = "serving_config.json"  # not run_config.json: the single-request tables skip these directories
-# (report/serving_report.py finds serving runs by this name)
-
-
-def serving_identity(plan: RunPlan) -> dict:
-    cfg = plan.settings
-    return dict(identity(plan), method=plan.method, method_params=cfg.method_settings,
-                batch_size=cfg.batch_size, request_rate=cfg.request_rate,
-                batch_speculation=cfg.batch_speculation)
 
 
 def run_serving(plan: RunPlan) -> dict:
     """Both sides timed, every output checked, summary written and printed. Returns the summary."""
-    out_dir = make_directory(Path(plan.results_dir))
-    lock = lock_run_directory(out_dir)  # one run per directory, held until this run returns
+    session = open_session(plan, SERVING)
     try:
-        return _serve(plan, out_dir)
+        return _serve(session)
     finally:
-        lock.release()
+        session.close()
 
 
-def _serve(plan: RunPlan, out_dir: Path) -> dict:
-    cfg, method = plan.settings, plan.method
-    ident = serving_identity(plan)
-    check_identity(out_dir, ident, SERVING_CONFIG)
-    write_json_atomic(out_dir / SERVING_CONFIG, {"identity": ident, "config": plan.recorded()})
-
-    model, tok, engine = load_engine(plan)
-    questions = load_task(cfg.task)
-    template = cfg.model.chat_template
-    prompts = [prompt_ids(tok, [{"role": "user", "content": q.turns[0]}], template) for q in questions]
-    # a request that with max_new_tokens runs past the window is refused before anything is timed
-    check_prompts_fit([(q.question_id, q.subtask, len(p)) for q, p in zip(questions, prompts)],
-                      cfg.max_new_tokens, engine.context_length or model_context_length(cfg.model),
-                      cfg.model.name)
-    arrivals = poisson_arrivals(len(prompts), cfg.request_rate, cfg.seed)
-    curve = run_cost_curve(cfg, model, engine)
-    build = method_drafter_factory(cfg, model, curve)
-    batched = BatchedEngine(model, engine.eos)
+def _serve(session: Session) -> dict:
+    cfg, method, out_dir = session.cfg, session.plan.method, session.folder
+    questions = session.questions
+    prompts = [prompt_ids(session.tok, [{"role": "user", "content": q.turns[0]}], cfg.model.chat_template)
+               for q in questions]
+    batched = BatchedEngine(session.model, session.engine.eos)
     policy = lambda: FixedSpeculation()  # noqa: E731
     if cfg.batch_speculation == "goodput":
-        cost = batch_cost(out_dir, model, cfg.batch_size)
+        cost = batch_cost(session, cfg.batch_size)
         policy = lambda: BatchGoodput(cost)  # noqa: E731
-
-    def timed(build_drafter_, name: str) -> dict:
-        path = out_dir / f"{name}_batch.json"
-        if path.is_file():  # finished before an interruption: its timing stands
-            return read_json(path)  # a request missing from it fails the check (check_requests)
-        warm = [Request(prompt_ids(tok, [{"role": "user", "content": WARMUP_QUESTION.turns[0]}], template),
-                        cfg.max_new_tokens, DrafterPool(build_drafter_))] * min(2, cfg.batch_size)
-        for _ in range(min(cfg.warmup, 1)):
-            batched.generate(warm, cfg.batch_size, policy())
-        pool = DrafterPool(build_drafter_)  # fresh drafters: the warm-up's learning is thrown away
-        chosen = policy()
-        result = batched.generate([Request(p, cfg.max_new_tokens, pool, None, a)
-                                   for p, a in zip(prompts, arrivals, strict=True)], cfg.batch_size, chosen)
-        margin = {"min_gain": chosen.min_gain} if isinstance(chosen, BatchGoodput) and name == "method" else {}
-        side = {"figures": serving_figures(result), "policy": cfg.batch_speculation if name == "method" else "fixed",
-                **margin,
-                "requests": [dict(dataclasses.asdict(r), question_id=q.question_id)
-                             for r, q in zip(result.records, questions, strict=True)],
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        write_json_atomic(path, side)
-        return side
-
+    sides = ServingSides(session, batched, prompts, policy)
     with_ar = method != "ar" and cfg.baseline != "none"
-    ar_side = timed(lambda: build_drafter("ar"), "ar") if with_ar or method == "ar" else None
-    side = ar_side if method == "ar" else timed(build, "method")
-    checks = check_requests(cfg, model, engine, prompts, questions, side["requests"]) if cfg.lossless.check else []
-    summary = serving_summary(plan, side, ar_side if with_ar else None, checks)
+    ar_side = sides.timed(lambda: build_drafter("ar"), "ar") if with_ar or method == "ar" else None
+    side = ar_side if method == "ar" else sides.timed(session.drafter_factory(), "method")
+    checks = (check_requests(cfg, session.model, session.engine, prompts, questions, side["requests"], session.band)
+              if cfg.lossless.check else [])
+    summary = serving_summary(session.plan, side, ar_side if with_ar else None, checks)
     summary["results_dir"] = str(out_dir)
+    summary["rounding_band"] = session.band
+    # each side is one timed unit: the summary counts contended sides
+    summary["timing"] = session.timing.summary([side], [ar_side] if with_ar else [])
     write_json_atomic(out_dir / "summary.json", summary)
     print(f"results: {out_dir}")  # the table follows from report/serving_report.py (main.py)
     return summary
 
 
-def batch_cost(out_dir: Path, model, batch_size: int) -> BatchCost:
-    """t(B, R) for the goodput policy, measured once per run directory (untimed) up to its batch size."""
-    path = out_dir / "batch_cost.json"
+class ServingSides:
+    """Each side (batched AR, the method) as one timed unit, written atomically when it finishes; a
+    rerun reuses a finished side."""
+
+    def __init__(self, session: Session, batched: BatchedEngine, prompts: list, policy):
+        self.session, self.batched, self.prompts, self.policy = session, batched, prompts, policy
+        cfg = session.cfg
+        self.arrivals = poisson_arrivals(len(prompts), cfg.request_rate, cfg.seed)
+
+    def timed(self, build_drafter_, name: str) -> dict:
+        session, cfg = self.session, self.session.cfg
+        path = session.folder / f"{name}_batch.json"
+        if path.is_file():  # finished before an interruption: its timing stands
+            return read_json(path)  # a request missing from it fails the check (check_requests)
+        warm_prompt = prompt_ids(session.tok, [{"role": "user", "content": WARMUP_QUESTION.turns[0]}],
+                                 cfg.model.chat_template)
+        warm = [Request(warm_prompt, cfg.max_new_tokens, DrafterPool(build_drafter_))] * min(2, cfg.batch_size)
+        with session.timing.timed() as load:
+            for _ in range(min(cfg.warmup, 1)):
+                self.batched.generate(warm, cfg.batch_size, self.policy())
+            pool = DrafterPool(build_drafter_)  # fresh drafters: the warm-up's learning is thrown away
+            chosen = self.policy()
+            result = self.batched.generate([Request(p, cfg.max_new_tokens, pool, None, a)
+                                            for p, a in zip(self.prompts, self.arrivals, strict=True)],
+                                           cfg.batch_size, chosen)
+        side = self.side_record(result, chosen, name, load)
+        write_json_atomic(path, side)
+        return side
+
+    def side_record(self, result, chosen, name: str, load: dict) -> dict:
+        cfg = self.session.cfg
+        margin = {"min_gain": chosen.min_gain} if isinstance(chosen, BatchGoodput) and name == "method" else {}
+        return {"figures": serving_figures(result), "policy": cfg.batch_speculation if name == "method" else "fixed",
+                **margin, "timing": load,
+                "requests": [dict(dataclasses.asdict(r), question_id=q.question_id)
+                             for r, q in zip(result.records, self.session.questions, strict=True)],
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def batch_cost(session: Session, batch_size: int) -> BatchCost:
+    """t(B, R) for the goodput policy, measured once per run directory up to its batch size, alone on
+    the device (its timings price every step)."""
+    path = session.folder / "batch_cost.json"
     if path.is_file():
         return BatchCost.load(path)
     batches = sorted({1, batch_size} | {b for b in (2, 4, 8, 16, 32, 64) if b < batch_size})
-    return BatchCost.load(measure_batch_cost(model, batches=tuple(batches)).save(path))
+    with session.timing.timed():
+        measured = measure_batch_cost(session.model, batches=tuple(batches))
+    return BatchCost.load(measured.save(path))
 
 
-def check_requests(cfg: RunConfig, model, engine, prompts, questions, requests: list[dict]) -> list[dict]:
-    """Each request against its batch-size-1 AR output, and every emitted token against the target's choice.
-    A question without its request, or a request of no question, is a mismatch (nothing is skipped)."""
+def check_requests(cfg: RunConfig, model, engine, prompts, questions, requests: list[dict],
+                   band: dict | None = None) -> list[dict]:
+    """Each request against its batch-size-1 AR output, and every emitted token against the target's choice
+    within the run's measured rounding band (`band`; None: the assumed one). A question without its
+    request, or a request of no question, is a mismatch (nothing is skipped)."""
     checks = []
     by_id = {r.get("question_id"): r for r in requests}
     asked = {q.question_id for q in questions}
@@ -141,8 +140,8 @@ def check_requests(cfg: RunConfig, model, engine, prompts, questions, requests: 
         ref = engine.generate(p, build_drafter("ar"), cfg.max_new_tokens).tokens
         ar_rec = {"turns": [{"prompt_ids": p, "token_ids": ref}]}
         rec = {"turns": [{"prompt_ids": p, "token_ids": r["tokens"]}]}
-        c = lossless.compare_question(model, ar_rec, rec, cfg.dtype, None, q.question_id)
-        c["tokens"] = lossless.check_tokens(model, rec, cfg.dtype, None, q.question_id)
+        c = lossless.compare_question(model, ar_rec, rec, cfg.dtype, None, q.question_id, band)
+        c["tokens"] = lossless.check_tokens(model, rec, cfg.dtype, None, q.question_id, band)
         checks.append(dict(c, question_id=q.question_id))
     return checks
 

@@ -38,7 +38,7 @@ def file_lock(path: Path):
 class SharedBaseline:
     """AR answers kept in the shared ar-... directory; missing ones are made on demand."""
 
-    def __init__(self, ar_dir: Path, identity: dict, cfg: dict):
+    def __init__(self, ar_dir: Path, identity: dict, cfg: dict, provenance: dict | None = None):
         self.dir = Path(ar_dir)
         self.answers = self.dir / "answers.jsonl"
         self.lock = self.dir / ".shared.lock"
@@ -54,7 +54,8 @@ class SharedBaseline:
             else:  # as a method=ar run would write it, so that run can later resume from here
                 ar_cfg = dict(cfg, method={"name": "ar"}, baseline="none")
                 write_json_atomic(cfg_file, {"identity": identity, "config": ar_cfg,
-                                             "written_by": "baseline=shared"})
+                                             "written_by": "baseline=shared",
+                                             **({"provenance": provenance} if provenance else {})})
             repair_jsonl(self.answers)
 
     def load(self) -> dict:
