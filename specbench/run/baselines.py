@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from specbench.run.results_io import append_jsonl, repair_jsonl
+from specbench.run.provenance import differences, environment_key
+from specbench.run.results_io import append_jsonl, read_json, read_jsonl, repair_jsonl
 from specbench.errors import SettingsError
 
 
@@ -83,3 +84,22 @@ class Shared(Baseline):
         if question_id not in self.answers:
             self.answers[question_id] = self.shared.get_or_run(question_id, run_ar, stored)
         return self.answers[question_id]
+
+
+def check_baseline_environment(mode: str, ar_dir: Path, here: dict) -> None:
+    """Refuse AR answers in `ar_dir` (baseline=shared or reuse) timed on other hardware or software than
+    `here` (this machine's provenance, run/provenance.py): a speedup over them measures two machines."""
+    theirs = {}
+    cfg_file = ar_dir / "run_config.json"
+    if cfg_file.is_file():
+        theirs = read_json(cfg_file).get("provenance") or {}
+    diff = differences(theirs, here) if theirs else {}
+    mine = environment_key(here)
+    keys = {(r.get("timing") or {}).get("environment") for r in read_jsonl(ar_dir / "answers.jsonl")} - {None}
+    if not diff and keys - {mine}:
+        diff = {"timing environment": (sorted(keys - {mine}), mine)}
+    if diff:
+        detail = ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in diff.items())
+        raise SettingsError(f"baseline={mode}: the AR answers in {ar_dir} were timed on other hardware or software "
+                            f"({detail}); use baseline=interleave, another results_root=..., or "
+                            "timing.allow_mixed=true (its speedups are then marked in every table)")

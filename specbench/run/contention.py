@@ -84,12 +84,15 @@ class LoadSampler:
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     def start(self) -> tuple:
-        return read_cpu_counters(), self._gpu_others()
+        return read_cpu_counters(), self._gpu_others(), time.time()
 
     def stop(self, started: tuple) -> dict:
-        before, others_before = started
+        """The load meanwhile, and when the section ran (epoch seconds: two runs' sections can be
+        checked for overlap)."""
+        before, others_before, since = started
         asked = 1 if self.device.type == "cuda" else torch.get_num_threads()
         load = cpu_load(before, read_cpu_counters(), self.cores, asked)
+        load["started"], load["ended"] = round(since, 3), round(time.time(), 3)
         if self.device.type == "cuda":
             others = [n for n in (others_before, self._gpu_others()) if n is not None]
             load["gpu_other_processes"] = max(others) if others else None

@@ -11,9 +11,11 @@ this host, or a GPU by its UUID) in a host-wide folder (`SPECBENCH_LOCK_DIR`, el
   so it runs with no other run's work of any kind on the device, and waits, printing one line naming
   the holders, when another run has it.
 
-Converting between shared and exclusive is not atomic under flock (the old lock goes first), which
-is what keeps two runs that both want to time from deadlocking. The kernel drops a dead process's
-lock, however it died; a holder's note left behind by one is ignored.
+A run that wants to time first lets go of its shared hold, then waits in line at a gate (a second
+lock, held only while waiting): nobody holds one lock while waiting for the other in the other order,
+so no two runs can deadlock, and a run that checks and times in turn cannot keep taking the device
+ahead of one that waits. The kernel drops a dead process's locks, however it died; a holder's note
+left behind by one is ignored.
 """
 
 from __future__ import annotations
@@ -52,53 +54,76 @@ def device_key(device: torch.device | str, gpu_uuid: str | None = None) -> str:
 
 class DeviceLock:
     """The timing lock of one device for one run: `shared()` for the run's life, `exclusive()` around
-    each timed section. `waits` and `waited` count how often and how long timing waited."""
+    each timed section. `waits` and `waited` count how often and how long a timed section waited."""
 
     def __init__(self, key: str, run: str, directory: Path | None = None):
         self.key, self.run = key, run
         self.directory = Path(directory) if directory is not None else lock_directory()
         self.path = self.directory / f"{key}.lock"
+        self.gate_path = self.directory / f"{key}.gate"
         self.notes = self.directory / f"{key}.holders"
-        self.waits, self.waited, self._said, self._fd = 0, 0.0, False, None
+        self.waits, self.waited, self._said, self._fd, self._gate = 0, 0.0, False, None, None
 
     def shared(self) -> "DeviceLock":
-        self._fd = _open(self.path)
+        self._fd, self._gate = _open(self.path), _open(self.gate_path)
+        with self._in_line():
+            self._take(self._fd, fcntl.LOCK_SH)
         self._note("loading or checking")
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
         return self
 
     @contextmanager
     def exclusive(self):
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._wait()
+        waited = 0.0
+        fcntl.flock(self._fd, fcntl.LOCK_UN)  # a run waiting in line must not hold up the one before it
+        with self._in_line() as line:
+            waited = line[0] + self._take(self._fd, fcntl.LOCK_EX)
+        if waited > 0:
+            self.waits += 1
+            self.waited += waited
         self._note("timing")
         try:
             yield
         finally:
             self._note("loading or checking")
-            fcntl.flock(self._fd, fcntl.LOCK_SH)
+            fcntl.flock(self._fd, fcntl.LOCK_SH)  # from exclusive: never waits
+
+    @contextmanager
+    def _in_line(self):
+        """The gate, a second lock held only while waiting for the first: whoever waits to time holds it,
+        so a run that goes back and forth between checking and timing cannot take the device again ahead
+        of it (flock alone would let it: its conversions never leave the lock free)."""
+        line = [self._take(self._gate, fcntl.LOCK_EX)]
+        try:
+            yield line
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
 
     def release(self) -> None:
         if self._fd is None:
             return
-        fd, self._fd = self._fd, None
-        _drop(self.path, fd)
+        _drop(self.path, self._fd)
+        _drop(self.gate_path, self._gate)
+        self._fd = self._gate = None
         try:
             (self.notes / str(os.getpid())).unlink()
         except OSError:
             pass
 
-    def _wait(self) -> None:
+    def _take(self, fd: int, mode: int) -> float:
+        """`fd` locked in `mode`, at once if free; else one line naming the holders (once per run), then
+        wait. Returns the seconds waited."""
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return 0.0
+        except BlockingIOError:
+            pass
         if not self._said:  # one line per run, not one per question
             self._said = True
             print(f"waiting for the timing lock of {self.key} ({self.path}): {holders_text(self.notes)}",
                   file=sys.stderr, flush=True)
         start = time.perf_counter()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        self.waits += 1
-        self.waited += time.perf_counter() - start
+        fcntl.flock(fd, mode)
+        return time.perf_counter() - start
 
     def _note(self, state: str) -> None:
         """Who holds the lock and doing what, for the line a waiting run prints (best effort)."""

@@ -20,7 +20,9 @@ from specbench.inputs.models import check_model_config, file_sha256, resolve_dev
 from specbench.inputs.tasks import load_task
 from specbench.inputs.window import check_context_length
 from specbench.registry import drafter_class
+from specbench.run.baselines import check_baseline_environment
 from specbench.run.host_memory import apply_host_memory
+from specbench.run.provenance import provenance
 from specbench.run import schemas as _schemas  # noqa: F401  (the settings' Hydra schemas, for whoever composes them)
 from specbench.run.results_io import read_json
 from specbench.run.settings import check_values
@@ -201,6 +203,8 @@ def plan_run(given) -> RunPlan:
     method.check_settings(cfg.method_settings, {"model_name": cfg.model.name, "device": cfg.device,
                                                 "dtype_name": dtype})
     questions = tuple(load_task(cfg.task))  # the question file: there and well-formed (file and line named)
+    if cfg.baseline in ("shared", "reuse") and not cfg.timing.allow_mixed and cfg.method["name"] != "ar":
+        check_baseline_environment(cfg.baseline, results_dir_for(cfg, "ar"), provenance(device))
     torch.manual_seed(cfg.seed)
     settings = dataclasses.replace(cfg, device=str(device), dtype=dtype,
                                    host_memory=apply_host_memory(cfg.host_memory))
