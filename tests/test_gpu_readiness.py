@@ -208,19 +208,18 @@ def test_grouped_query_attention_inside_sdpa_only_where_it_is_fast():
 
 def test_a_recompile_past_the_limit_fails_the_run_instead_of_going_eager(tiny_llama):
     from specbench.decoding.compiled import CompiledForward, RecompileLimitError
+    from specbench.draft import Draft, DraftTree
 
     engine = Engine(tiny_llama, eos_token_ids=[])
     engine.compiled = CompiledForward(tiny_llama, engine._mask, margin_rows=16, fixed_shapes=True)
     torch._dynamo.reset()
+    chain = Draft(tokens=torch.tensor([1, 2]), tree=DraftTree.chain(2))
     with torch.inference_mode():
         cache = engine.compiled.cache_for(8, 8)
-        ids = torch.tensor([1])
         with torch._dynamo.config.patch(recompile_limit=1):
-            engine.compiled.rows(cache, 0, ids, torch.tensor([0]), None, False)  # the 1-row graph
-            with pytest.raises(RecompileLimitError, match="recompile limit"):  # a 2-row one: over the limit
-                engine.compiled.rows(cache, 1, ids.repeat(2), torch.tensor([1, 2]),
-                                     engine._mask(torch.ones(2, 2, dtype=torch.bool).tril(),
-                                                  torch.tensor([0, 1]), 1), False)
+            engine.compiled.step(cache, 1, 1, None, engine.tree_tensors, False)  # the 1-row graph
+            with pytest.raises(RecompileLimitError, match="recompile limit"):  # a 16-row one: over the limit
+                engine.compiled.step(cache, 1, 1, chain, engine.tree_tensors, False)
     torch._dynamo.reset()
 
 

@@ -75,6 +75,10 @@ class RequestRecord:
     tokens: list[int] = field(default_factory=list)  # new tokens, EOS included if produced
     accept_lengths: list[int] = field(default_factory=list)
     step_rows: list[int] = field(default_factory=list)  # this request's real rows in each step
+    # host seconds of each step in this request's drafter: its propose(), and its share of the
+    # observe_batch() its method's requests were observed in together
+    step_propose_times: list[float] = field(default_factory=list)
+    step_observe_times: list[float] = field(default_factory=list)
     decoding_steps: int = 0
     arrival: float = 0.0
     admitted: float = 0.0  # prefill start; all times in seconds since generate() started
@@ -242,22 +246,61 @@ class BatchedEngine:
 
     def _step(self) -> BatchStep:
         t_start = time.perf_counter()
-        dev = self.device
         slots, lens = self.slots, self.lens
         B, L = len(slots), self.cache.get_seq_length()
-        drafts: list[Draft | None] = [None] * B
+        drafts, propose_times = self._propose(L)
+        n_rows = [rows_of(d) for d in drafts]
+        roots = [s.record.tokens[-1] for s in slots]
+        ids, pos, vis = self._inputs(drafts, roots, max(n_rows))
+        want_hidden = any(reads_hidden_states(s.drafter) for s in slots)
+        out = self.model(input_ids=ids, position_ids=pos, **with_cache(self.model, self.cache), use_cache=True,
+                         attention_mask=self._mask(pos[:, 0], pos, vis, L), output_hidden_states=want_hidden)
+
+        # Verify each slot on its own rows; every slot's path and tokens come back in one copy.
+        pieces = [verify_piece(self.tree_tensors, out.logits[b, : n_rows[b]], draft, ids[b], lens[b], s.select,
+                               s.drafter, self.device) for b, (s, draft) in enumerate(zip(slots, drafts))]
+        host = torch.cat(pieces).tolist()  # the step's one device-to-host copy
+        verified, at = [], 0
+        for draft, piece in zip(drafts, pieces):
+            verified.append(split_piece(host[at : at + piece.numel()], draft))
+            at += piece.numel()
+
+        self._compact(L, [accepted for accepted, _ in verified])
+        outcomes = []
+        for b, (s, draft, (accepted, emitted)) in enumerate(zip(slots, drafts, verified)):
+            emitted = self._emit(s, emitted, n_rows[b], propose_times[b])
+            if self.policy is not None:
+                self.policy.observe(s.key, draft, accepted, emitted)
+            hidden = out.hidden_states[-1][b, : n_rows[b]] if reads_hidden_states(s.drafter) else None
+            outcomes.append(StepOutcome(draft=draft, root=roots[b], logits=out.logits[b, : n_rows[b]],
+                                        accepted=accepted, bonus=verified[b][1][-1], hidden_states=hidden,
+                                        emitted=emitted))
+        self._observe(outcomes)
+        # perf_counter without a sync: the .tolist() above has waited for the forward already
+        R = max(n_rows)
+        return BatchStep(rows=B * R, real_rows=sum(n_rows), active=B, time=time.perf_counter() - t_start, context=L)
+
+    def _propose(self, L: int) -> tuple[list[Draft | None], list[float]]:
+        """Each slot's draft (all None when the policy wants none this step, without asking the
+        drafters), as the policy cuts them, and each drafter's propose() seconds."""
+        slots = self.slots
+        drafts: list[Draft | None] = [None] * len(slots)
+        times = [0.0] * len(slots)
         if self.policy is None or self.policy.wants_drafts():
             for b, s in enumerate(slots):
+                t = time.perf_counter()
                 drafts[b] = propose(s.drafter, s.buf, s.cur, len(s.request.prompt_ids), s.record.decoding_steps)
+                times[b] = time.perf_counter() - t
             if self.policy is not None:
                 drafts = self.policy.choose(drafts, [s.key for s in slots], L)
-        n_rows = [rows_of(d) for d in drafts]
-        R = max(n_rows)
+        return drafts, times
 
-        # Rows past a slot's own count are padding: token 0 at the root's position, seeing the
-        # prefix and itself like a root would (so its softmax is finite); no row sees a padding row.
+    def _inputs(self, drafts: list[Draft | None], roots: list[int], R: int):
+        """(ids, positions, visibility) of the step's rows, (B, R), (B, R), (B, R, R), on the device.
+        Rows past a slot's own count are padding: token 0 at the root's position, seeing the prefix
+        and itself like a root would (so its softmax is finite); no row sees a padding row."""
+        dev, B = self.device, len(drafts)
         ids = torch.zeros(B, R, dtype=torch.long, device=dev)
-        roots = [s.record.tokens[-1] for s in slots]
         ids[:, 0] = to_device(roots, dev, torch.long)  # the host sends the roots
         depths = torch.zeros(B, R, dtype=torch.long, device=dev)
         vis = torch.eye(R, dtype=torch.bool, device=dev).repeat(B, 1, 1)
@@ -273,44 +316,34 @@ class BatchedEngine:
                 ids[b, n:e] = to_device(draft.extra_tokens, dev)
                 depths[b, n:e] = to_device(draft.extra_depths, dev)
                 vis[b, n:e, :e] = to_device(draft.extra_visibility, dev)
-        lens_d = to_device(lens, dev, torch.long)
-        pos = lens_d[:, None] + depths
-        want_hidden = any(reads_hidden_states(s.drafter) for s in slots)
-        out = self.model(input_ids=ids, position_ids=pos, **with_cache(self.model, self.cache), use_cache=True,
-                         attention_mask=self._mask(lens_d, pos, vis, L), output_hidden_states=want_hidden)
+        pos = to_device(self.lens, dev, torch.long)[:, None] + depths
+        return ids, pos, vis
 
-        # Verify each slot on its own rows; every slot's path and tokens come back in one copy.
-        pieces = [verify_piece(self.tree_tensors, out.logits[b, : n_rows[b]], draft, ids[b], lens[b], s.select,
-                               s.drafter, dev) for b, (s, draft) in enumerate(zip(slots, drafts))]
-        host = torch.cat(pieces).tolist()  # the step's one device-to-host copy
-        verified, at = [], 0
-        for draft, piece in zip(drafts, pieces):
-            verified.append(split_piece(host[at : at + piece.numel()], draft))
-            at += piece.numel()
+    def _emit(self, s: _Slot, emitted: list[int], rows: int, propose_seconds: float) -> list[int]:
+        """A slot's verified tokens cut at its stop, appended to its sequence and record; returns them."""
+        new = s.record.tokens
+        emitted = cut_at_stop(emitted, self.eos, len(new), s.request.max_new_tokens)
+        s.buf[s.cur : s.cur + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+        s.cur += len(emitted)
+        new.extend(emitted)
+        s.record.accept_lengths.append(len(emitted))
+        s.record.step_rows.append(rows)
+        s.record.step_propose_times.append(propose_seconds)
+        s.record.decoding_steps += 1
+        return emitted
 
-        self._compact(L, [accepted for accepted, _ in verified])
-        outcomes = []
-        for b, (s, draft, (accepted, emitted)) in enumerate(zip(slots, drafts, verified)):
-            bonus, new = emitted[-1], s.record.tokens
-            emitted = cut_at_stop(emitted, self.eos, len(new), s.request.max_new_tokens)
-            s.buf[s.cur : s.cur + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
-            s.cur += len(emitted)
-            new.extend(emitted)
-            s.record.accept_lengths.append(len(emitted))
-            s.record.step_rows.append(n_rows[b])
-            s.record.decoding_steps += 1
-            if self.policy is not None:
-                self.policy.observe(s.key, draft, accepted, emitted)
-            hidden = out.hidden_states[-1][b, : n_rows[b]] if reads_hidden_states(s.drafter) else None
-            outcomes.append(StepOutcome(draft=draft, root=roots[b], logits=out.logits[b, : n_rows[b]],
-                                        accepted=accepted, bonus=bonus, hidden_states=hidden, emitted=emitted))
-        by_method: dict[type, list[int]] = {}  # each method learns from its requests' outcomes at once
-        for b, s in enumerate(slots):
+    def _observe(self, outcomes: list[StepOutcome]) -> None:
+        """Each method learns from its requests' outcomes at once (observe_batch); each request's
+        record gets its share of that call's seconds."""
+        by_method: dict[type, list[int]] = {}
+        for b, s in enumerate(self.slots):
             by_method.setdefault(type(s.drafter), []).append(b)
-        for method, members in by_method.items():
-            observe_batch([slots[b].drafter for b in members], [outcomes[b] for b in members])
-        # perf_counter without a sync: the .tolist() above has waited for the forward already
-        return BatchStep(rows=B * R, real_rows=sum(n_rows), active=B, time=time.perf_counter() - t_start, context=L)
+        for members in by_method.values():
+            t = time.perf_counter()
+            observe_batch([self.slots[b].drafter for b in members], [outcomes[b] for b in members])
+            share = (time.perf_counter() - t) / len(members)
+            for b in members:
+                self.slots[b].record.step_observe_times.append(share)
 
     def _mask(self, lens: torch.Tensor, pos: torch.Tensor, vis: torch.Tensor, L: int):
         """(B, 1, R, L + R) additive mask: slot b's rows see its prefix [0, len_b) (not its holes) and,

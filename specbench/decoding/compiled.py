@@ -24,7 +24,10 @@ from transformers.cache_utils import Cache, StaticLayer
 from specbench.decoding import packed_linear
 from specbench.decoding.forward_choice import planned_forward
 from specbench.decoding.kv_cache import cache_keyword
+from specbench.decoding.step import ModelFacts
 from specbench.decoding.packed_linear import with_packed_linears
+from specbench.decoding.static_step import Runners, StepBuffers, capture, graph_mask
+from specbench.draft import Draft
 from specbench.errors import SpecbenchError
 
 # One CUDA graph each, and each a compile of its own. Few, because on the GPUs measured a forward costs
@@ -130,19 +133,23 @@ def cache_capacity(cache) -> int:
 
 
 class CompiledForward:
-    """`rows(cache, cache_len, ids, pos, mask, hidden)` -> (logits, last hidden state) for the real rows,
-    through one compiled call; `cache_for(prompt_len, max_new)` hands out the static cache for a turn.
-    `make_mask(visibility, depths, cache_len)` is the engine's mask builder: a plain step, which the
-    eager forward leaves to the model, needs one here (per layer type on sliding-window models)."""
+    """The compiled verification forward, two ways. Symbolic rows (a CPU's default): `rows(cache,
+    cache_len, ids, pos, mask, hidden)` -> (logits, last hidden state) for the real rows, through one
+    compiled call; `make_mask(visibility, depths, cache_len)` is the engine's mask builder (a plain step,
+    which the eager forward leaves to the model, needs one here). Fixed shapes (CUDA; `fixed_shapes=True`
+    on a CPU): `step(cache, cache_len, root, draft, tree_tensors, hidden)` writes the rows into static
+    buffers and runs the bucket's runner, a replayed CUDA graph on CUDA (static_step.py).
+    `cache_for(prompt_len, max_new)` hands out the static cache for a turn."""
 
     def __init__(self, model, make_mask, margin_rows: int | None = None, fixed_shapes: bool | None = None,
                  products: str = "auto"):
         self.make_mask = make_mask
         self.device = model.device
         self.cuda = self.device.type == "cuda"
-        # fixed shapes (CUDA's way: row buckets, attention over the whole buffer) can be asked for on
-        # CPU too, without CUDA graphs, so that their padding and masks are checked where no GPU is
-        self.fixed = self.cuda if fixed_shapes is None else fixed_shapes
+        # fixed shapes (CUDA's way: row buckets, static input buffers, attention over the whole buffer)
+        # can be asked for on CPU too, without CUDA graphs, so that everything but the capture is
+        # checked where no GPU is; CUDA always takes them
+        self.fixed = self.cuda or bool(fixed_shapes)
         # the matrix products: our packed kernel (CPU, float32, AVX2) or inductor's own
         self.packed = uses_packed_products(products, self.device, model.dtype) and not self.fixed
         t0 = time.perf_counter()
@@ -166,10 +173,14 @@ class CompiledForward:
         # The recompile limit counts graphs per code object: row buckets x {hidden, not} x capacities.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        if self.cuda:
-            self._compiled = torch.compile(self._forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
-        elif self.fixed:
-            self._compiled = torch.compile(self._forward, fullgraph=True, dynamic=False,
+        if self.fixed:
+            facts = ModelFacts.of(model)
+            self.sliding_window, self.mask_dtype = facts.sliding_window, facts.mask_dtype
+            self._buffers: dict[int, StepBuffers] = {}  # per row bucket
+            # CUDA: each (capacity, bucket, hidden) captured once as a CUDA graph over the compiled
+            # forward, then replayed; a CPU runs the compiled call itself on the same buffers
+            self.runners = Runners(self._plain_runner, self._graph_runner if self.cuda else None)
+            self._compiled = torch.compile(self._forward_static, fullgraph=True, dynamic=False,
                                            options={"guard_filter_fn": model_identity_guards})
         else:
             self._compiled = torch.compile(self._forward, fullgraph=True, dynamic=True,
@@ -179,6 +190,15 @@ class CompiledForward:
         out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, **{self._cache_keyword: cache},
                          use_cache=True, output_hidden_states=hidden)
         return out.logits, (out.hidden_states[-1] if hidden else None)
+
+    def _forward_static(self, ids, depths, visibility, cache, hidden: bool):
+        """The fixed-shape forward over one bucket's buffers (static_step.StepBuffers): positions and
+        mask made here, on the device, from the cache's length before the step's rows are written."""
+        base = cache.layers[0].cumulative_length
+        pos = (base + depths)[None]  # a new tensor now, before the layers advance `base` in place
+        mask = graph_mask(base, depths, visibility, cache.layers[0].max_cache_len, self.mask_dtype,
+                          self.sliding_window)
+        return self._forward(ids, pos, mask, cache, hidden)
 
     def cache_for(self, prompt_len: int, max_new: int, reserve: bool = False) -> Cache:
         """The turn's cache, emptied: one set of buffers per capacity, kept for the process. A compiled
@@ -231,9 +251,10 @@ class CompiledForward:
         cache.layers = list(bigger.layers)
 
     def prepare(self, cache: Cache, hidden: bool) -> None:
-        """Compile (CPU) or record (CUDA) every shape a turn on `cache` can run, before anything is timed.
-        CPU: one graph (rows symbolic) per capacity and `hidden`; CUDA: one graph per row bucket, on this
-        cache's buffers (a graph replays on fixed addresses). The cache is left empty."""
+        """Compile (CPU) or compile and capture (CUDA) every shape a turn on `cache` can run, before
+        anything is timed. Symbolic rows (CPU): one graph per capacity and `hidden`; fixed shapes: one
+        runner per row bucket on this cache's buffers (a CUDA graph replays on fixed addresses). The
+        cache is left empty."""
         key = (cache_capacity(cache), hidden)
         if key in self._prepared:
             return
@@ -244,21 +265,16 @@ class CompiledForward:
             # cannot trace: let an eager call install them
             self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False,
                        output_hidden_states=True)
-        buckets = [b for b in CUDA_ROW_BUCKETS if b + 1 <= cache_capacity(cache)] if self.fixed else [2]
-        # CPU: a context of 37 makes the live length (39) a size no static dim has, so the graph keeps it
-        # symbolic instead of tying it to one
-        filled = 1 if self.fixed else 37
-        for b in buckets:
-            for layer in cache.layers:
-                layer.cumulative_length.fill_(filled)
-            ids = torch.zeros(b, dtype=torch.long, device=self.device)
-            pos = torch.full((b,), filled, dtype=torch.long, device=self.device)
-            for _ in range(3 if self.cuda else 1):  # cudagraph trees: warm-up run, record, replay
-                self._call(cache, filled, ids, pos, None, hidden)
-                for layer in cache.layers:
-                    layer.cumulative_length.fill_(filled)
-        for layer in cache.layers:
-            layer.cumulative_length.zero_()
+        if self.fixed:
+            for b in (b for b in CUDA_ROW_BUCKETS if b + 1 <= cache_capacity(cache)):
+                self.runners.get((cache_capacity(cache), b, hidden), cache, 1)
+        else:
+            # a context of 37 makes the live length (39) a size no static dim has, so the graph keeps it
+            # symbolic instead of tying it to one
+            _set_length(cache, 37)
+            self._call(cache, 37, torch.zeros(2, dtype=torch.long, device=self.device),
+                       torch.full((2,), 37, dtype=torch.long, device=self.device), None, hidden)
+        _set_length(cache, 0)
         if self.cuda:
             torch.cuda.synchronize(self.device)
         self.compile_seconds += time.perf_counter() - t0
@@ -269,70 +285,121 @@ class CompiledForward:
         """Graphs compiled since the last `prepare`: 0 unless a timed step hit a shape it did not expect."""
         return _graph_count() - self.graphs_prepared
 
+    # -- fixed shapes: static buffers, runners (CUDA graphs) -------------------------------------------
+
+    def load(self, cache: Cache, cache_len: int, root: int, draft: Draft | None, tree_tensors, hidden: bool):
+        """A step on the fixed-shape path, up to its forward: the rows written into their bucket's
+        buffers in place (the cache grown first if they do not fit). Returns (the bucket's runner, which
+        `runner(cache)` runs (a CUDA graph's replay on CUDA) and which gives the padded (logits, hidden
+        states), the rows' input ids on the device, the number of real rows)."""
+        bufs = self.buffers(pad_rows(1 if draft is None else draft.tree.size + draft.n_extra, True))
+        if cache_len + bufs.rows > cache_capacity(cache):
+            self._grow(cache, cache_len, cache_len + bufs.rows + self.margin, hidden)
+        r = bufs.fill(root, draft, tree_tensors)
+        runner = self.runners.get((cache_capacity(cache), bufs.rows, hidden), cache, cache_len)
+        return runner, bufs.ids[0, :r], r
+
+    def step(self, cache: Cache, cache_len: int, root: int, draft: Draft | None, tree_tensors,
+             hidden: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`load`, then the forward: (the rows' input ids, logits, last hidden state), real rows only,
+        as views (on CUDA the graph's own outputs: valid until this bucket's next replay)."""
+        runner, ids, r = self.load(cache, cache_len, root, draft, tree_tensors, hidden)
+        logits, hs = runner(cache)
+        return ids, logits[0, :r], (hs[0, :r] if hidden else None)
+
+    def buffers(self, rows: int) -> StepBuffers:
+        """The input buffers of the `rows` bucket, made once: every capacity's runner reads the same ones."""
+        if rows not in self._buffers:
+            self._buffers[rows] = StepBuffers(rows, self.device)
+        return self._buffers[rows]
+
+    def _plain_runner(self, key: tuple, cache: Cache, length: int):
+        """The compiled call over the bucket's buffers, compiled now (first call) with our settings;
+        the cache's length is put back to `length` afterwards (the call wrote a step's rows)."""
+        _, rows, hidden = key
+        bufs, compiled = self.buffers(rows), self._compiled
+
+        def run(cache):
+            return compiled(bufs.ids, bufs.depths, bufs.visibility, cache, hidden)
+
+        _set_length(cache, length)
+        self._with_settings(rows, cache, lambda: run(cache))
+        _set_length(cache, length)
+        return run
+
+    def _graph_runner(self, key: tuple, plain, cache: Cache, length: int):
+        """`plain` captured as a CUDA graph on this cache's buffers (static_step.capture)."""
+        return _ignore_cache(capture(lambda: plain(cache), lambda: _set_length(cache, length), self.device))
+
+    # -- symbolic rows (CPU): the engine's ids, positions and mask, live columns only ---------------------
+
     def rows(self, cache: Cache, cache_len: int, ids: torch.Tensor, pos: torch.Tensor, mask,
              hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One verification forward over `ids` (1-D, real rows) at positions `pos`; `mask` is the engine's
-        (a tensor or a per-layer-type dict, None for a plain step). Returns (logits, hidden) for the
-        real rows."""
+        """One verification forward over `ids` (1-D, real rows) at positions `pos` on the symbolic-rows
+        path; `mask` is the engine's (a tensor or a per-layer-type dict, None for a plain step).
+        Returns (logits, hidden) for the real rows. The fixed-shape path takes `step` instead."""
+        if self.fixed:
+            raise RuntimeError("the fixed-shape forward takes its rows through step()")
         r = ids.shape[0]
-        if cache_len + pad_rows(r, self.fixed) > cache_capacity(cache):
-            self._grow(cache, cache_len, cache_len + pad_rows(r, self.fixed) + self.margin, hidden)
+        if cache_len + pad_rows(r, False) > cache_capacity(cache):
+            self._grow(cache, cache_len, cache_len + pad_rows(r, False) + self.margin, hidden)
         return self._call(cache, cache_len, ids, pos, mask, hidden)
 
     def _call(self, cache, cache_len, ids, pos, mask, hidden):
         r = ids.shape[0]
-        rows = pad_rows(r, self.fixed)
-        cap = cache_capacity(cache)
+        rows = pad_rows(r, False)
         if rows > r:
             ids = torch.cat([ids, ids[:1].expand(rows - r)])
             pos = torch.cat([pos, pos[:1].expand(rows - r)])
         if mask is None:
             mask = self.make_mask(*self._one_row, cache_len)
-        width = cap if self.fixed else cache_len + rows  # CPU: the live rows only (LiveStaticLayer)
+        width = cache_len + rows  # the live rows only (LiveStaticLayer)
         if isinstance(mask, dict):
             mask = {k: padded_mask(m, rows, width) for k, m in mask.items()}
         else:
             mask = padded_mask(mask, rows, width)
         ids, pos = ids[None], pos[None]
-        if self.cuda:
-            torch.compiler.cudagraph_mark_step_begin()
-        if not self.fixed:  # one graph for every row count (dynamic=True alone lets a size that equals
-            # some static size, a head count say, be specialised). The capacity stays static: with it
-            # symbolic, a graph traced at one capacity failed its input asserts at another (torch 2.13),
-            # so each capacity gets its graph in prepare()
-            live = torch.empty(width, device=self.device)
-            for layer in cache.layers:
-                layer.live = live
-            torch._dynamo.maybe_mark_dynamic(live, 0)
-            for t in (ids, pos):
-                torch._dynamo.maybe_mark_dynamic(t, 1)
-            for m in (mask.values() if isinstance(mask, dict) else (mask,)):
-                torch._dynamo.maybe_mark_dynamic(m, 2)
-                torch._dynamo.maybe_mark_dynamic(m, 3)
-        # Grouped-query attention inside SDPA instead of transformers' repeat_kv, which copies the whole
-        # cache buffer per layer per step (with a mask transformers only does that on XPU/MPS). It is
-        # read while tracing, so the switch lives in the graph and the eager path stays as it is.
+        # one graph for every row count (dynamic=True alone lets a size that equals some static size, a
+        # head count say, be specialised). The capacity stays static: with it symbolic, a graph traced
+        # at one capacity failed its input asserts at another (torch 2.13), so each capacity gets its
+        # graph in prepare()
+        live = torch.empty(width, device=self.device)
+        for layer in cache.layers:
+            layer.live = live
+        torch._dynamo.maybe_mark_dynamic(live, 0)
+        for t in (ids, pos):
+            torch._dynamo.maybe_mark_dynamic(t, 1)
+        for m in (mask.values() if isinstance(mask, dict) else (mask,)):
+            torch._dynamo.maybe_mark_dynamic(m, 2)
+            torch._dynamo.maybe_mark_dynamic(m, 3)
         try:
-            # specialize_float: with dynamic shapes a Python float of the model (a scaling constant) is
-            # traced as a symbol, found constant, and the whole trace restarts (a third of the compile time)
-            with _env("TRANSFORMERS_SDPA_FORCE_GQA", "1" if sdpa_gqa_with_mask(self.device) else None), \
+            logits, hs = self._with_settings(r, cache, lambda: self._compiled(ids, pos, mask, cache, hidden))
+        finally:  # the eager prefill on these layers takes the whole buffer, as transformers' mask expects
+            for layer in cache.layers:
+                layer.live = None
+        return logits[0, :r], (hs[0, :r] if hidden else None)
+
+    def _with_settings(self, rows: int, cache, call):
+        """`call()` under the settings our graphs are compiled with (read while tracing, so a call that
+        compiles nothing pays only for entering them)."""
+        # Grouped-query attention inside SDPA instead of transformers' repeat_kv, which copies the whole
+        # cache buffer per layer per step (with a mask transformers only does that on XPU/MPS).
+        # specialize_float: with dynamic shapes a Python float of the model (a scaling constant) is
+        # traced as a symbol, found constant, and the whole trace restarts (a third of the compile time)
+        try:
+            # Not on the fixed-shape path: its later calls run outside these settings, and dynamo guards
+            # on the variable it read (CUDA, where that path is for, keeps repeat_kv anyway)
+            gqa = sdpa_gqa_with_mask(self.device) and not self.fixed
+            with _env("TRANSFORMERS_SDPA_FORCE_GQA", "1" if gqa else None), \
                     self._inductor_config(), \
                     torch._dynamo.config.patch(specialize_float=True, fail_on_recompile_limit_hit=True):
-                logits, hs = self._compiled(ids, pos, mask, cache, hidden)
+                return call()
         except torch._dynamo.exc.FailOnRecompileLimitHit as e:  # never a silent fall back to eager
             raise RecompileLimitError(
                 f"the compiled forward met more shapes than its recompile limit "
                 f"({torch._dynamo.config.recompile_limit}) allows and would go on eager uncounted "
-                f"({e}); rerun with compile=off, or report the shapes (rows {r}, cache {cap})") from None
-        finally:  # the eager prefill on these layers takes the whole buffer, as transformers' mask expects
-            for layer in cache.layers:
-                layer.live = None
-        logits = logits[0, :r]
-        hs = hs[0, :r] if hidden else None
-        if self.cuda:  # the next replay reuses the graph's output buffers
-            logits = logits.clone()
-            hs = hs.clone() if hidden else None
-        return logits, hs
+                f"({e}); rerun with compile=off, or report the shapes (rows {rows}, cache "
+                f"{cache_capacity(cache)})") from None
 
     def _inductor_config(self):
         """CPU: freezing folds the weights into constants and prepacks them for oneDNN (it needs grad
@@ -382,6 +449,25 @@ def _env(name: str, value: str | None):
             del os.environ[name]
         else:
             os.environ[name] = old
+
+
+def _set_length(cache, n: int) -> None:
+    """Every layer's length (its next write slot) set to n, in place (the addresses graphs replay on)."""
+    stacked = getattr(cache.layers[0], "stacked", None)
+    if stacked is not None:
+        stacked.lengths.fill_(n)
+        return
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(n)
+
+
+def _ignore_cache(replay):
+    """A replay as a runner: the cache it is handed is the one it was captured on."""
+    def run(cache):
+        return replay()
+
+    run.graph = replay.graph
+    return run
 
 
 def _graph_count() -> int:

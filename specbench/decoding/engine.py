@@ -9,7 +9,6 @@ and its cache.
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -20,9 +19,9 @@ from specbench.draft import Draft, DraftTree, StepOutcome
 from specbench.drafter import Drafter, reads_hidden_states
 from specbench.decoding.kv_cache import compact_kv_cache, with_cache
 from specbench.decoding.masks import tree_attention_mask
-from specbench.decoding.step import (ModelFacts, TreeTensorCache, check_context, cut_at_stop, greedy_targets,
-                                     observe_prefill, prefill, propose, rows_of, split_piece, token_buffer,
-                                     verify_piece)
+from specbench.decoding.step import (ModelFacts, PhaseClock, TreeTensorCache, check_context, cut_at_stop,
+                                     greedy_targets, observe_prefill, prefill, propose, rows_of, split_piece,
+                                     token_buffer, verify_piece)
 from specbench.decoding.transfers import to_device
 from specbench.decoding.verify import TreeTensors
 from specbench.timing import now
@@ -39,6 +38,11 @@ class TurnResult:
     step_rows: list[int] = field(default_factory=list)  # rows per verification forward
     step_drafted: list[int] = field(default_factory=list)  # draft tree nodes per step (0: a plain step)
     step_times: list[float] = field(default_factory=list)  # wall seconds of each step
+    # host seconds of each step inside the drafter's propose() and observe()
+    step_propose_times: list[float] = field(default_factory=list)
+    step_observe_times: list[float] = field(default_factory=list)
+    # the turn's decoding time by phase (step.PHASES): seconds summed over its steps
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     kv_cache_bytes: int | None = None  # the cache at the turn's end, where generate was given measure_cache
 
     @property
@@ -52,7 +56,7 @@ class Engine:
     verification run on the device, and one small copy brings back the accepted path and its tokens."""
 
     def __init__(self, model, eos_token_ids: list[int], profile: bool = False, compiled: bool = False,
-                 products: str = "auto"):
+                 products: str = "auto", fixed_shapes: bool | None = None):
         self.model = model.eval()
         self.device = model.device
         self.eos = set(int(e) for e in eos_token_ids)
@@ -61,14 +65,15 @@ class Engine:
         # attributes, not the frozen facts: a test may set the window to exercise both mask kinds
         self.sliding_window, self.mask_dtype = facts.sliding_window, facts.mask_dtype
         self.context_length = facts.context_length  # a turn may not ask for more new tokens
-        # compiled: verification through a compiled forward on a static cache (specbench/decoding/compiled.py);
-        # products: its matrix products (auto | packed | inductor, compiled.uses_packed_products)
         self.compiled = None
+        # compiled: verification through a compiled forward on a static cache (specbench/decoding/compiled.py);
+        # products: its matrix products (auto | packed | inductor, compiled.uses_packed_products);
+        # fixed_shapes: CUDA's row buckets and static buffers (None: on CUDA only; True on a CPU for checks)
         if compiled:
             from specbench.decoding.compiled import CompiledForward
 
             try:
-                self.compiled = CompiledForward(model, self._mask, products=products)
+                self.compiled = CompiledForward(model, self._mask, products=products, fixed_shapes=fixed_shapes)
             except Exception as e:  # an optional accelerator: the run goes on eager (forward_choice.py)
                 self._fall_back_to_eager(e)
         self.forward_time = 0.0
@@ -116,7 +121,30 @@ class Engine:
     @torch.inference_mode()
     def forward_rows(self, cache, cache_len: int, draft: Draft | None, root: int, hidden: bool = False):
         """One verification forward over root + draft rows (+ extra rows). Returns logits, hidden."""
-        return self._forward(cache, cache_len, *self.step_inputs(cache_len, draft, root), hidden)
+        _, logits, hs = self._run_forward(self._load(cache, cache_len, draft, root, hidden), cache, cache_len,
+                                          hidden)
+        return logits, hs
+
+    def _load(self, cache, cache_len: int, draft: Draft | None, root: int, hidden: bool):
+        """A step's inputs, ready for `_run_forward`: on the fixed-shape path written into the bucket's
+        buffers (compiled.load), else made as tensors (`step_inputs`)."""
+        if self.compiled is not None and self.compiled.fixed:
+            return self.compiled.load(cache, cache_len, root, draft, self.tree_tensors, hidden)
+        return self.step_inputs(cache_len, draft, root)
+
+    def _run_forward(self, loaded, cache, cache_len: int, hidden: bool):
+        """(the rows' input ids on the device, logits, hidden states) of the forward `_load` prepared."""
+        t0 = now(self.device) if self.profile else 0.0
+        if self.compiled is not None and self.compiled.fixed:
+            runner, ids, r = loaded
+            logits, hs = runner(cache)
+            logits, hs = logits[0, :r], (hs[0, :r] if hidden else None)
+        else:
+            ids, pos, mask = loaded
+            logits, hs = self._forward(cache, cache_len, ids, pos, mask, hidden)
+        if self.profile:
+            self.forward_time += now(self.device) - t0
+        return ids, logits, hs
 
     def step_inputs(self, cache_len: int, draft: Draft | None, root: int):
         """(input ids, positions, mask) of a step's rows on the device: root, draft, extra rows. A
@@ -138,27 +166,13 @@ class Engine:
         return ids, cache_len + depths, self._mask(vis, depths, cache_len)
 
     def _forward(self, cache, cache_len: int, ids, pos, mask, hidden: bool):
-        t0 = now(self.device) if self.profile else 0.0
         if self.compiled is not None:
-            logits, hs = self.compiled.rows(cache, cache_len, ids, pos, mask, hidden)
-        else:
-            out = self.model(
-                input_ids=ids[None], position_ids=pos[None], **with_cache(self.model, cache), use_cache=True,
-                attention_mask=mask, output_hidden_states=hidden,
-            )
-            logits, hs = out.logits[0], (out.hidden_states[-1][0] if hidden else None)
-        if self.profile:
-            self.forward_time += now(self.device) - t0
-        return logits, hs
-
-    def _verify(self, logits: torch.Tensor, draft: Draft | None, draft_ids: torch.Tensor, cache_len: int,
-                select: Callable, drafter: Drafter) -> tuple[list[int], list[int], torch.Tensor | None]:
-        """(accepted nodes in path order, emitted tokens = their tokens + the bonus, the path on the
-        device). The only device-to-host copy of a step: the path and its tokens, one small tensor.
-        `draft_ids`: the forward's input rows on the device (root first)."""
-        piece = verify_piece(self.tree_tensors, logits, draft, draft_ids, cache_len, select, drafter, self.device)
-        accepted, emitted = split_piece(piece.tolist(), draft)
-        return accepted, emitted, None if draft is None else piece[: draft.tree.max_depth + 1]
+            return self.compiled.rows(cache, cache_len, ids, pos, mask, hidden)
+        out = self.model(
+            input_ids=ids[None], position_ids=pos[None], **with_cache(self.model, cache), use_cache=True,
+            attention_mask=mask, output_hidden_states=hidden,
+        )
+        return out.logits[0], (out.hidden_states[-1][0] if hidden else None)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int,
@@ -167,63 +181,94 @@ class Engine:
         `positions` are the absolute positions of the rows, which key its randomness.
         `measure_cache(cache) -> bytes` (run/memory.py) sizes the turn's cache once the clock stops:
         the cache lives only in here, and the run's layer is not the engine's to import."""
-        select = sampler or greedy_targets
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         check_context(self.context_length, max_new_tokens, self.model, len(prompt_ids))
         dev = self.device
-        want_hidden = reads_hidden_states(drafter)
-        buf = token_buffer(prompt_ids, max_new_tokens)
-        cur = len(prompt_ids)
-
-        cache = self.new_cache(cur, max_new_tokens, want_hidden)
+        turn = _Turn(drafter, sampler or greedy_targets, token_buffer(prompt_ids, max_new_tokens),
+                     len(prompt_ids), max_new_tokens, reads_hidden_states(drafter))
+        cache = self.new_cache(turn.cur, max_new_tokens, turn.hidden)
         t0 = now(dev)
-        first, out = prefill(self.model, buf[:cur], cache, select, drafter, dev)
+        first, out = prefill(self.model, turn.buf[: turn.cur], cache, turn.select, drafter, dev)
         t_prefill = now(dev) - t0
         observe_prefill(drafter, out)
-        buf[cur] = first
-        cur += 1
-        new = [first]
-        accept_lengths: list[int] = []
-        rows_per_step: list[int] = []
-        drafted: list[int] = []
-        step_times: list[float] = []
-        step_end = t0 + t_prefill
+        turn.emit([first])
         self.forward_time = 0.0
-        step = 0
-        while len(new) < max_new_tokens and new[-1] not in self.eos:
-            cache_len = cur - 1  # the root (last decided token) is not in the cache yet
-            root = new[-1]
-            draft = propose(drafter, buf, cur, len(prompt_ids), step)
-            ids, pos, mask = self.step_inputs(cache_len, draft, root)
-            logits, hidden = self._forward(cache, cache_len, ids, pos, mask, want_hidden)
-            accepted, emitted, path = self._verify(logits, draft, ids, cache_len, select, drafter)
-            bonus = emitted[-1]
-            if draft is not None or self.compiled is not None:  # a static cache holds the padded rows too
-                keep = [0] + accepted  # rows to keep, in order; on the device they are the path's head
-                compact_kv_cache(cache, cache_len, keep, None if path is None else path[: len(keep)])
-            emitted = cut_at_stop(emitted, self.eos, len(new), max_new_tokens)
-            buf[cur : cur + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
-            cur += len(emitted)
-            new.extend(emitted)
-            accept_lengths.append(len(emitted))
-            rows_per_step.append(rows_of(draft))
-            drafted.append(0 if draft is None else len(draft.tree))
-            drafter.observe(
-                StepOutcome(draft=draft, root=root, logits=logits, accepted=accepted, bonus=bonus,
-                            hidden_states=hidden, emitted=emitted)
-            )
-            # now()'s clock without its synchronisation: the step's .tolist() has waited for the
-            # device already; work observe() queued lands in the next step's time, and the turn's
-            # wall time (synchronised) still holds all of it
-            t = time.perf_counter()
-            step_times.append(t - step_end)
-            step_end = t
-            step += 1
+        clock = PhaseClock(t0 + t_prefill)
+        while len(turn.new) < max_new_tokens and turn.new[-1] not in self.eos:
+            self._step(turn, cache, clock)
         wall = now(dev) - t0
-        return TurnResult(
-            tokens=new, wall_time=wall, prefill_time=t_prefill, decoding_steps=step,
-            accept_lengths=accept_lengths, forward_time=self.forward_time, step_rows=rows_per_step,
-            step_drafted=drafted, step_times=step_times,
-            kv_cache_bytes=measure_cache(cache) if measure_cache is not None else None,
-        )
+        r = turn.result
+        r.wall_time, r.prefill_time, r.forward_time, r.phase_seconds = wall, t_prefill, self.forward_time, clock.totals
+        r.kv_cache_bytes = measure_cache(cache) if measure_cache is not None else None
+        return r
+
+    def _step(self, turn: "_Turn", cache, clock: "PhaseClock") -> None:
+        """One step: propose, the forward, verification (the step's one read from the device),
+        compaction, observe; each phase's host seconds on `clock`."""
+        cache_len = turn.cur - 1  # the root (last decided token) is not in the cache yet
+        root = turn.new[-1]
+        draft = propose(turn.drafter, turn.buf, turn.cur, turn.prompt_len, turn.result.decoding_steps)
+        propose_s = clock.lap("propose")
+        loaded = self._load(cache, cache_len, draft, root, turn.hidden)
+        clock.lap("host")
+        ids, logits, hidden = self._run_forward(loaded, cache, cache_len, turn.hidden)
+        clock.lap("forward")
+        piece = verify_piece(self.tree_tensors, logits, draft, ids, cache_len, turn.select, turn.drafter, self.device)
+        clock.lap("verify")
+        host = piece.tolist()  # the step's one device-to-host copy: the accepted path and its tokens
+        clock.lap("wait")
+        accepted, emitted = split_piece(host, draft)
+        bonus = emitted[-1]
+        if draft is not None or self.compiled is not None:  # a static cache holds the padded rows too
+            keep = [0] + accepted  # rows to keep, in order; on the device they are the path's head
+            compact_kv_cache(cache, cache_len, keep, None if draft is None else piece[: len(keep)])
+        emitted = cut_at_stop(emitted, self.eos, len(turn.new), turn.max_new)
+        turn.emit(emitted)
+        turn.record(draft, len(emitted))
+        clock.lap("verify")
+        turn.drafter.observe(StepOutcome(draft=draft, root=root, logits=logits, accepted=accepted, bonus=bonus,
+                                         hidden_states=hidden, emitted=emitted))
+        # perf_counter without a synchronisation: the step's .tolist() has waited for the device
+        # already; work observe() queued lands in the next step's time, and the turn's wall time
+        # (synchronised) still holds all of it
+        turn.result.step_observe_times.append(clock.lap("observe"))
+        turn.result.step_propose_times.append(propose_s)
+        turn.result.step_times.append(clock.end_step())
+
+
+@dataclass
+class _Turn:
+    """One turn's decoding state: the drafter, the decided tokens (`buf[:cur]`, the prompt first) and
+    the result being recorded."""
+
+    drafter: Drafter
+    select: Callable
+    buf: torch.Tensor
+    prompt_len: int
+    max_new: int
+    hidden: bool
+    cur: int = 0
+    new: list[int] = field(default_factory=list)
+    result: TurnResult = field(default_factory=lambda: TurnResult([], 0.0, 0.0, 0, []))
+
+    def __post_init__(self):
+        self.cur = self.prompt_len
+        self.result.tokens = self.new
+
+    def emit(self, tokens: list[int]) -> None:
+        """Decided tokens appended: to the buffer a drafter reads and to the turn's new tokens."""
+        n = len(tokens)
+        if n == 1:
+            self.buf[self.cur] = tokens[0]
+        else:
+            self.buf[self.cur : self.cur + n] = torch.tensor(tokens, dtype=torch.long)
+        self.cur += n
+        self.new.extend(tokens)
+
+    def record(self, draft: Draft | None, emitted: int) -> None:
+        r = self.result
+        r.accept_lengths.append(emitted)
+        r.step_rows.append(rows_of(draft))
+        r.step_drafted.append(0 if draft is None else len(draft.tree))
+        r.decoding_steps += 1

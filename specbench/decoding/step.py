@@ -9,6 +9,7 @@ copies in step.
 
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -131,6 +132,33 @@ def observe_prefill(drafter: Drafter, out) -> None:
 
 
 # -- one step ----------------------------------------------------------------------------------------
+
+# A step's phases, as the engines time them on the host: the drafter's propose(); the host's work before
+# the forward (rows into buffers or tensors, masks); the forward (on CUDA its launch, or a graph's
+# replay, queued); verification and compaction's host work (the read's wait apart); the wait for the
+# device at the step's one read; the drafter's observe().
+PHASES = ("propose", "host", "forward", "verify", "wait", "observe")
+
+
+class PhaseClock:
+    """Host seconds per phase, summed over steps: `lap(phase)` adds the time since the last lap (or
+    the step's start) to `phase` and returns it; `end_step()` returns the step's whole time. Laps are
+    back to back, so the phases of a step add up to its time."""
+
+    def __init__(self, start: float):
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self._t = self._step_start = start
+
+    def lap(self, phase: str) -> float:
+        t = time.perf_counter()
+        d, self._t = t - self._t, t
+        self.totals[phase] += d
+        return d
+
+    def end_step(self) -> float:
+        d, self._step_start = self._t - self._step_start, self._t
+        return d
+
 
 def propose(drafter: Drafter, buf: torch.Tensor, cur: int, prompt_len: int, step: int) -> Draft | None:
     """The drafter's draft for the sequence buf[:cur], or None for a plain step (an empty tree is one)."""

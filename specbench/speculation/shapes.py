@@ -44,6 +44,10 @@ TINY_SHAPES: dict[str, dict] = {
                     num_attention_heads=2, num_key_value_heads=2, vocab_size=32000),
     "tiny-13b": dict(_LLAMA_1, hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
                      num_attention_heads=3, num_key_value_heads=3, vocab_size=32000),
+    # SmolLM2's depth (30 layers, so 30 cache layers, 30 sets of per-layer kernels) at a tiny width and
+    # vocabulary: the forward is nearly free, so a step's host work shows (scripts/bench_step.py)
+    "tiny-depth-135m": dict(_SMOLLM2, hidden_size=64, intermediate_size=128, num_hidden_layers=30,
+                            num_attention_heads=2, num_key_value_heads=1, vocab_size=1024),
 }
 
 SHAPES: dict[str, dict] = REAL_SHAPES | TINY_SHAPES
