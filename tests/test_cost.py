@@ -97,6 +97,37 @@ def test_bound_of_varying_widths_sums_each_steps_time():
     assert run_bound(c, [record([1, 1, 1], [1, 1, 1])])["bound"] == pytest.approx(1.0)  # AR
 
 
+def test_curve_is_fitted_non_decreasing_in_rows_and_saved_as_measured(tmp_path):
+    """A dip (a wide forward timed quicker than a narrow one) is pooled away, so no width costs less
+    than a narrower one; the file keeps the measured times."""
+    assert cost.non_decreasing([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert cost.non_decreasing([2.0, 1.0, 3.0]) == [1.5, 1.5, 3.0]
+    assert cost.non_decreasing([1.0, 2.0, 2.0]) == [1.0, 2.0, 2.0]  # rising already: kept
+    c = CostCurve(widths=[1, 2, 11, 81], times=[0.030, 0.028, 0.027, 0.040],
+                  contexts=[2048], context_times=[[0.05, 0.06, 0.04, 0.07]])
+    ts = [c.t(w) for w in range(1, 82)]
+    assert all(a <= b for a, b in zip(ts, ts[1:])) and c.t(1) == pytest.approx(0.085 / 3)
+    assert all(c.t(w, 2048) <= c.t(w + 1, 2048) for w in range(1, 81))
+    assert CostCurve.load(c.save(tmp_path / "c.json")).times == pytest.approx([0.030, 0.028, 0.027, 0.040])
+
+
+def test_a_prediction_never_exceeds_the_mat_and_counts_the_drafters_host_time():
+    """MAT x t(1) / (t(rows) + drafter host time): on a curve that once dipped below t(1) (PLD was
+    predicted above its MAT) the prediction is at most the MAT; the drafter's time lowers it."""
+    from specbench.speculation.predictions import predicted_speedup
+
+    c = CostCurve(widths=[1, 11, 81], times=[0.0100, 0.0095, 0.0120])
+    assert predicted_speedup(c, 1.75, 11) <= 1.75
+    assert predicted_speedup(c, 2.0, 81, host_seconds=0.002) == pytest.approx(2.0 * c.t(1) / (0.012 + 0.002))
+    turn = record([81, 81], [3, 1])["turns"][0]
+    timed = {"question_id": "q", "turns": [turn | {"step_propose_times": [0.001, 0.003],
+                                                  "step_observe_times": [0.0005, 0.0005]}]}
+    b = run_bound(c, [timed], drafter_host=True)
+    assert b["bound"] == pytest.approx(4 * c.t(1) / (2 * 0.012 + 0.005)) and b["drafter_host_ms"] == pytest.approx(2.5)
+    assert run_bound(c, [timed])["bound"] == pytest.approx(4 * c.t(1) / (2 * 0.012))  # the summary's bound
+    assert "drafter_host_ms" not in run_bound(c, [record([81], [2])], drafter_host=True)  # older answers
+
+
 def test_no_bound_without_curve_or_rows():
     c = CostCurve(widths=[1], times=[1.0])
     assert run_bound(None, [record([1], [1])]) is None

@@ -34,6 +34,20 @@ LONG_CONTEXT = 1024  # a run whose turns stay within this many tokens is priced 
 ROWS_ROOM = 128  # a curve's longest context leaves the window room for this many rows
 
 
+def non_decreasing(times: list[float]) -> list[float]:
+    """The closest non-decreasing sequence to `times` in least squares (isotonic regression, pool
+    adjacent violators): a forward over more rows never costs less. A noisy curve that dips (t(2)
+    below t(1), a wide forward timed quicker than a narrow one) would price a wider tree below a
+    narrower one and a method above its MAT; where the times already rise they are kept as they are."""
+    blocks: list[list[float]] = []  # [mean, count] of pooled runs
+    for t in times:
+        blocks.append([float(t), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
 def at_width(widths: list[int], times: list[float], w: float) -> float:
     """Time of w rows on one context's row of times: linear between measured widths, linear
     extrapolation past the last, the first width's time below it."""
@@ -83,7 +97,8 @@ def contexts_for(longest_prompt_tokens: int, max_new_tokens: int, window: int | 
 
 @dataclass
 class CostCurve:
-    """Median forward time (seconds) of w rows, for the measured widths; t(w) interpolates."""
+    """Median forward time (seconds) of w rows, for the measured widths, fitted non-decreasing in w;
+    t(w) interpolates."""
 
     widths: list[int]
     times: list[float]
@@ -120,17 +135,22 @@ class CostCurve:
         rows = sorted((int(c), [float(r[i]) for i in order]) for c, r in zip(self.contexts, self.context_times))
         self.contexts = [c for c, _ in rows]
         self.context_times = [r for _, r in rows]
+        # what t() reads: the measured times (kept as measured, and saved so) fitted non-decreasing in
+        # rows at every context (`non_decreasing`); not a dataclass field, so never written to a file
+        self._fitted = sorted((c, non_decreasing(ts)) for c, ts in
+                              [(self.context_len, self.times), *zip(self.contexts, self.context_times)])
+        self._fitted_times = dict(self._fitted)[self.context_len]
 
     def grid(self) -> list[tuple[int, list[float]]]:
-        """(context, times per width) for every measured context, shortest first."""
-        return sorted([(self.context_len, self.times), *zip(self.contexts, self.context_times)])
+        """(context, times per width fitted non-decreasing in rows) for every measured context, shortest first."""
+        return self._fitted
 
     def t(self, w: float, context: float | None = None) -> float:
         """Forward time of w rows after `context` cached tokens: linear between measured widths and
         past the last (`at_width`), then between measured contexts (`at_context`). None, or a curve
         measured at one context: the time at context_len."""
         if context is None or not self.contexts:
-            return at_width(self.widths, self.times, w)
+            return at_width(self.widths, self._fitted_times, w)
         grid = self.grid()
         return at_context([c for c, _ in grid], [at_width(self.widths, ts, w) for _, ts in grid], context)
 
@@ -185,9 +205,11 @@ class CostCurve:
     def load(cls, path: str | Path) -> "CostCurve":
         return cls.from_json(json.loads(Path(path).read_text()))
 
-    def speedup_bound(self, mat: float, mean_rows: float, context: float | None = None) -> float:
-        """MAT x t(1) / t(mean rows per step), both after `context` cached tokens."""
-        return mat * self.t(1, context) / self.t(mean_rows, context)
+    def speedup_bound(self, mat: float, mean_rows: float, context: float | None = None,
+                      host_seconds: float = 0.0) -> float:
+        """MAT x t(1) / (t(mean rows per step) + `host_seconds`, the drafter's host time a step), both
+        after `context` cached tokens; never above the MAT (the curve never falls)."""
+        return min(mat, mat * self.t(1, context) / (self.t(mean_rows, context) + host_seconds))
 
 
 class StepTimes:
@@ -404,21 +426,25 @@ def step_contexts(prompt_len: int, accept_lengths: list[int]) -> list[int]:
     return out
 
 
-def run_bound(curve: CostCurve | None, records: list[dict]) -> dict | None:
+def run_bound(curve: CostCurve | None, records: list[dict], drafter_host: bool = False) -> dict | None:
     """Speedup bound of a run from its answers' per-turn `step_rows` and `accept_lengths`: AR's time for
     each step's tokens over the step's own, both at the step's context where every turn says its
     prompt length (see `prompt_tokens`), else all at the curve's context_len.
 
+    `drafter_host`: each step's time also holds the drafter's host seconds (its turns'
+    `step_propose_times` + `step_observe_times`, where every turn records them): the prediction
+    MAT x t(1) / (t(rows) + drafter host time), which, like the bound, never exceeds the MAT.
     Returns None without a curve, or when a turn lacks its rows (answers from older runs)."""
     if curve is None:
         return None
-    rows, acc, contexts = [], [], []
+    rows, acc, contexts, host = [], [], [], []
     for r in records:
         for t in r["turns"]:
             if "step_rows" not in t:
                 return None
             rows.extend(t["step_rows"])
             acc.extend(t["accept_lengths"])
+            host.extend(_host_seconds(t) if drafter_host else [0.0] * len(t["step_rows"]))
             prompt = prompt_tokens(t)
             contexts.extend([None] * len(t["step_rows"]) if prompt is None
                             else step_contexts(prompt, t["accept_lengths"]))
@@ -426,19 +452,34 @@ def run_bound(curve: CostCurve | None, records: list[dict]) -> dict | None:
         return None
     if None in contexts:  # one turn without its prompt: all at one footing, a mixed bound would be neither
         contexts = [None] * len(rows)
+    if None in host:  # a turn without the drafter's times: none counted, and the result says so
+        host = [0.0] * len(rows)
+        drafter_host = False
     mat = sum(acc) / len(acc)
     mean_rows = sum(rows) / len(rows)
     mean_context = None if contexts[0] is None else sum(contexts) / len(contexts)
     t1 = curve.t(1, mean_context)
     ar_time = sum(a * curve.t(1, c) for a, c in zip(acc, contexts))  # AR: one plain step per token
-    return {
-        "bound": ar_time / sum(curve.t(w, c) for w, c in zip(rows, contexts)),
+    step_time = sum(curve.t(w, c) + h for w, c, h in zip(rows, contexts, host))
+    out = {
+        "bound": min(mat, ar_time / step_time),
         "bound_mean_rows": curve.speedup_bound(mat, mean_rows, mean_context),
         "mean_rows": mean_rows,
         "mean_context": mean_context,  # cached tokens per step; None: the turns did not say their prompts
         "cost_curve": curve_label(curve) | {
             "t1_ms": round(t1 * 1e3, 3), "t_mean_rows_ms": round(curve.t(mean_rows, mean_context) * 1e3, 3)},
     }
+    if drafter_host:
+        out["drafter_host_ms"] = round(1e3 * sum(host) / len(host), 4)
+    return out
+
+
+def _host_seconds(turn: dict) -> list[float | None]:
+    """A turn's drafter host seconds per step (propose + observe); None per step where it has none."""
+    propose, observe = turn.get("step_propose_times"), turn.get("step_observe_times")
+    if propose is None or observe is None:
+        return [None] * len(turn["step_rows"])
+    return [p + o for p, o in zip(propose, observe)]
 
 
 def curve_label(curve: CostCurve) -> dict:

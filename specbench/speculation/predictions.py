@@ -1,10 +1,11 @@
-"""Predicted speedups of each method on a cost curve: MAT x t(1) / t(rows per step).
+"""Predicted speedups of each method on a cost curve: MAT x t(1) / (t(rows per step) + drafter host time).
 
 Two sources of (MAT, rows per step): the published MATs (results/published/) with the published
 setting's rows (`PUBLISHED_ROWS`) or this harness's (`HARNESS_METHODS`), and this harness's
-committed CPU traces (`CURRENT_TRACES`) replayed step by step on the curve (`cost.run_bound`).
-The prediction counts target forwards only (drafting is free in it); AR is left out (1 by
-definition). Sources in detail: docs/cost-model.md; reading them: docs/gpu.md.
+committed CPU traces (`CURRENT_TRACES`) replayed step by step on the curve (`cost.run_bound`), with
+each step's drafter host time (propose + observe) where the trace records it. The curve is fitted
+non-decreasing in rows, so no prediction exceeds its MAT. AR is left out (1 by definition). Sources
+in detail: docs/cost-model.md; reading them: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ HARNESS_METHODS = {"tr": "tr", "medusa": "medusa", "eagle2": "eagle", "pld": "pl
 CURRENT_TRACES = ("results/cpu-headline-v3",)
 
 
-def predicted_speedup(curve: CostCurve, mat: float, rows: float) -> float:
-    """MAT x t(1) / t(rows): the speedup of a method verifying `rows` per step at `mat` tokens per step."""
-    return mat * curve.t(1) / curve.t(rows)
+def predicted_speedup(curve: CostCurve, mat: float, rows: float, host_seconds: float = 0.0) -> float:
+    """MAT x t(1) / (t(rows) + host_seconds): the speedup of a method verifying `rows` per step at `mat`
+    tokens per step, its drafter spending `host_seconds` a step on the host; never above `mat`."""
+    return curve.speedup_bound(mat, rows, host_seconds=host_seconds)
 
 
 def read_published(path: str | Path) -> list[dict]:
@@ -127,12 +129,14 @@ def trace_predictions(curve: CostCurve, traces: dict) -> list[dict]:
     """One row per harness run: its steps replayed on `curve` (`cost.run_bound`)."""
     out = []
     for method, (records, run) in traces.items():
-        bound = run_bound(curve, records)
+        bound = run_bound(curve, records, drafter_host=True)
         if bound is None:
             continue
         acc = [a for r in records for t in r["turns"] for a in t["accept_lengths"]]
+        host = bound.get("drafter_host_ms")
         out.append({"method": method, "source": f"trace {run}", "mat": sum(acc) / len(acc),
-                    "mean_rows": bound["mean_rows"], "rows_from": "trace, step by step",
+                    "mean_rows": bound["mean_rows"],
+                    "rows_from": "trace, step by step" + ("" if host is None else f", drafter {host:.2f} ms/step"),
                     "predicted": bound["bound"], "published": None})
     return out
 
