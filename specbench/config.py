@@ -75,7 +75,7 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = MISSING
-    kind: str = MISSING  # mini | spec_bench | jsonl | long | dataset
+    kind: str = MISSING  # mini | spec_bench | jsonl | long | code_edit | agent_loop | dataset
     path: Optional[str] = None
     # task=dataset: which column holds each field ({turns, question_id, category, subtask} -> column);
     # a field left out or null: its own name's column where there is one (inputs/datasets_task.py)

@@ -18,9 +18,24 @@ def check_template(template: str) -> None:
                             f"(model.chat_template=...)")
 
 
+def opening(question) -> list[dict]:
+    """The messages a question's conversation starts with: its system prompt where it has one (an
+    agent's tool descriptions), else none, so that the chat template puts its own default."""
+    return [{"role": "system", "content": question.system}] if getattr(question, "system", None) else []
+
+
+def first_turn(question) -> list[dict]:
+    """The messages of a question's first prompt: its opening and its first user turn."""
+    return opening(question) + [{"role": "user", "content": question.turns[0]}]
+
+
 def vicuna_prompt(messages: list[dict]) -> str:
-    text = VICUNA_SYSTEM + " "
+    # a system message replaces FastChat's default system line, as FastChat's own conversations do
+    system = next((m["content"] for m in messages if m["role"] == "system"), VICUNA_SYSTEM)
+    text = system + " "
     for m in messages:
+        if m["role"] == "system":
+            continue
         if m["role"] == "user":
             text += "USER: " + m["content"] + " "
         else:
@@ -29,7 +44,8 @@ def vicuna_prompt(messages: list[dict]) -> str:
 
 
 def prompt_ids(tokenizer, messages: list[dict], template: str = "auto") -> list[int]:
-    """messages: [{'role': 'user'|'assistant', 'content': str}, ...] ending with a user turn."""
+    """messages: [{'role': 'system', ...}?, {'role': 'user'|'assistant', 'content': str}, ...] ending with
+    a user turn; a system message, if any, first."""
     check_template(template)
     if template == "vicuna":
         return tokenizer(vicuna_prompt(messages)).input_ids
@@ -50,3 +66,13 @@ def answer_text(tokenizer, tokens: list[int]) -> str:
         for s in special if isinstance(special, list) else [special]:
             text = text.replace(s, "")
     return text.strip()
+
+
+def last_prompt_tokens(tokenizer, question, template: str = "auto") -> int:
+    """The length of a question's last prompt with every earlier answer empty (roles alternate, as
+    strict chat templates demand), its system prompt included: what a window check adds the answers to
+    (run/prompts.py prompt_bound, inputs/window.py check_sessions_fit). A one-turn question's prompt."""
+    messages = opening(question)
+    for text in question.turns:
+        messages += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+    return len(prompt_ids(tokenizer, messages[:-1], template))

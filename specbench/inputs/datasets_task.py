@@ -16,7 +16,7 @@ from pathlib import Path
 from specbench.errors import MissingFileError, SettingsError, SpecbenchError
 from specbench.inputs.questions import Question, checked_question
 
-FIELDS = ("turns", "question_id", "category", "subtask")
+FIELDS = ("turns", "question_id", "category", "subtask", "system")
 FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 FIX_OFFLINE = ("on a machine with network, datasets.load_dataset(...).save_to_disk(<folder>), copy the folder "
                "here and pass task.path=<folder>")
@@ -145,8 +145,9 @@ def _loaded(path: str, split: str | None):
 
 def load_dataset_questions(path: str, columns=None, split: str | None = None) -> list[Question]:
     """The dataset at `path` as questions. A field's column defaults to the field's own name where the
-    dataset has one; else the question id is the row number, the category 'default' and the subtask
-    Spec-Bench's column of the category. turns (required) may hold a string or a list of strings."""
+    dataset has one; else the question id is the row number, the category 'default', the subtask
+    Spec-Bench's column of the category and no system prompt. turns (required) may hold a string or a
+    list of strings."""
     named = column_map(columns)
     ds = _loaded(str(path), split)
     present = list(ds.column_names)
@@ -164,7 +165,7 @@ def load_dataset_questions(path: str, columns=None, split: str | None = None) ->
     seen: dict = {}
     return [checked_question(f"{path} row {i}", f"row {i}", row[use["question_id"]] if use["question_id"] else i,
                              _field(row, use, "category"), row[use["turns"]], _field(row, use, "subtask"), seen,
-                             turns_name=f"column '{use['turns']}'")
+                             turns_name=f"column '{use['turns']}'", system=_field(row, use, "system"))
             for i, row in enumerate(rows)]
 
 

@@ -26,6 +26,9 @@ class Question:
     # a subtask the source names itself (task=long's input-length buckets); None: Spec-Bench's column
     # of the category
     subtask_name: str | None = None
+    # the conversation's system prompt (task=agent_loop's tool descriptions); None: the chat template's
+    # own default, as every Spec-Bench question has (inputs/chat.py opening)
+    system: str | None = None
 
     @property
     def subtask(self) -> str:
@@ -48,10 +51,10 @@ def json_objects(path: Path, lines, error: type[Exception], hint: str = ""):
 
 
 def checked_question(where: str, here: str, qid, category, turns, subtask, seen: dict,
-                     turns_name: str = "'turns'") -> Question:
+                     turns_name: str = "'turns'", system=None) -> Question:
     """One question, refused (naming `where`: file and line or row) unless its turns are non-empty
-    text and its id is a string or number not in `seen` (id -> `here`, e.g. 'line 3', where it was
-    first), which it joins."""
+    text, its system prompt (if any) too, and its id is a string or number not in `seen` (id ->
+    `here`, e.g. 'line 3', where it was first), which it joins."""
     if isinstance(turns, str):
         turns = [turns]
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
@@ -68,6 +71,8 @@ def checked_question(where: str, here: str, qid, category, turns, subtask, seen:
     if subtask is not None and (isinstance(subtask, bool) or not isinstance(subtask, (str, int))
                                 or not str(subtask).strip()):
         raise SettingsError(f"{where}: subtask must be a non-empty string, got {subtask!r}")
+    if system is not None and (not isinstance(system, str) or not system.strip()):
+        raise SettingsError(f"{where}: system must be a non-empty string (the system prompt), got {system!r}")
     seen[qid] = here
     return Question(qid, "default" if category is None else str(category), turns,
-                    None if subtask is None else str(subtask))
+                    None if subtask is None else str(subtask), system)

@@ -1,5 +1,5 @@
-"""Question sets: Spec-Bench's question.jsonl, a built-in mini set, user jsonl files, the long-input
-task (data/long) and any dataset (datasets_task.py)."""
+"""Question sets: Spec-Bench's question.jsonl, a built-in mini set, user jsonl files, the tasks committed
+under data/ (long inputs, code edits, agent sessions) and any dataset (datasets_task.py)."""
 
 from __future__ import annotations
 
@@ -33,14 +33,19 @@ WARMUP_QUESTION = Question("warmup", "writing", [
     "save energy when making tea."])
 
 
-# The long-input task as committed: scripts/make_long_task.py builds it (data/long/README.md).
-LONG_TASK = Path(__file__).resolve().parents[2] / "data" / "long" / "long.jsonl"
-TASK_KINDS = ("mini", "spec_bench", "jsonl", "long", "dataset")
+# The tasks committed under data/, each built by scripts/make_<kind>_task.py (data/<kind>/README.md):
+# long inputs, code edits, agent sessions.
+DATA = Path(__file__).resolve().parents[2] / "data"
+LONG_TASK = DATA / "long" / "long.jsonl"
+CODE_EDIT_TASK = DATA / "code_edit" / "code_edit.jsonl"
+AGENT_LOOP_TASK = DATA / "agent_loop" / "agent_loop.jsonl"
+COMMITTED_TASKS = {"long": LONG_TASK, "code_edit": CODE_EDIT_TASK, "agent_loop": AGENT_LOOP_TASK}
+TASK_KINDS = ("mini", "spec_bench", "jsonl", *COMMITTED_TASKS, "dataset")
 
 
 def load_jsonl_questions(path: str | Path) -> list[Question]:
-    """Read Spec-Bench-style jsonl: question_id, category, turns (a list of user turns), and an optional
-    subtask (else Spec-Bench's column of the category)."""
+    """Read Spec-Bench-style jsonl: question_id, category, turns (a list of user turns), an optional
+    subtask (else Spec-Bench's column of the category) and an optional system prompt."""
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(
@@ -59,7 +64,8 @@ def load_jsonl_questions(path: str | Path) -> list[Question]:
             raise SettingsError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}; each question needs "
                                 f"question_id, category and turns")
         questions.append(checked_question(f"{path}:{lineno}", f"line {lineno}", d["question_id"],
-                                          str(d.get("category", "default")), d["turns"], d.get("subtask"), seen))
+                                          str(d.get("category", "default")), d["turns"], d.get("subtask"), seen,
+                                          system=d.get("system")))
     if not questions:
         raise SettingsError(f"{path}: no questions in file")
     return questions
@@ -94,13 +100,14 @@ def load_task(cfg) -> list[Question]:
                 f"Spec-Bench's file is data/spec_bench/question.jsonl in the Spec-Bench repository"
             )
         questions = load_jsonl_questions(task.path)
-    elif kind == "long":
+    elif kind in COMMITTED_TASKS:
         # read as plain jsonl (the file holds the dataset's columns as they are named): a run of it
         # needs no `datasets`, which only wrote it
-        if not task.path and not LONG_TASK.is_file():  # an install without the checkout's data/
-            raise MissingFileError(f"task=long reads {LONG_TASK}, which is not there; pass task.path=<a copy of "
-                                   f"data/long/long.jsonl> or rebuild it with scripts/make_long_task.py")
-        questions = load_jsonl_questions(task.path or LONG_TASK)
+        path = COMMITTED_TASKS[kind]
+        if not task.path and not path.is_file():  # an install without the checkout's data/
+            raise MissingFileError(f"task={kind} reads {path}, which is not there; pass task.path=<a copy of "
+                                   f"data/{kind}/{path.name}> or rebuild it with scripts/make_{kind}_task.py")
+        questions = load_jsonl_questions(task.path or path)
     elif kind == "dataset":
         from specbench.inputs.datasets_task import load_dataset_questions
 

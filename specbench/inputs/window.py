@@ -51,3 +51,31 @@ def check_prompts_fit(prompts: list[tuple], max_new_tokens: int, context_length:
     raise InputError(f"question {qid!r} (subtask {subtask}): its prompt of {tokens} tokens and max_new_tokens="
                      f"{max_new_tokens} need {tokens + max_new_tokens} positions, beyond the context of model "
                      f"{model_name} ({context_length} positions){others}; {' or '.join(fixes)}")
+
+
+def check_sessions_fit(sessions: list[tuple], max_new_tokens: int, context_length: int | None,
+                       model_name: str, per_answer: int = 16) -> None:
+    """InputError naming the first session that cannot finish in the model's window with every answer
+    at max_new_tokens, and the largest max_new_tokens every session finishes with. For tasks whose
+    sessions are long by design (task=agent_loop: tool outputs and answers pile up over 4-5 turns),
+    where a first-turn check would let a run start that fails at its third turn.
+    sessions: (question id, subtask, number of turns, the last turn's prompt tokens with every answer
+    empty) each; `per_answer`: the tokens an answer's template and re-tokenising may add. Nothing is
+    checked where the window is unknown (None)."""
+    if not context_length:
+        return
+
+    def need(turns: int, empty: int, new: int) -> int:
+        return empty + (turns - 1) * (new + per_answer) + new
+
+    over = [s for s in sessions if need(s[2], s[3], max_new_tokens) > context_length]
+    if not over:
+        return
+    qid, subtask, turns, empty = over[0]
+    fits = min((context_length - e - per_answer * (t - 1)) // t for _, _, t, e in sessions)
+    fix = f"set max_new_tokens to at most {fits}" if fits >= 1 else "use a model with a longer window"
+    more = f" (and {len(over) - 1} more)" if len(over) > 1 else ""
+    raise InputError(f"session {qid!r} (subtask {subtask}){more}: {turns} turns of {empty} prompt tokens and "
+                     f"{turns} answers of max_new_tokens={max_new_tokens} need up to "
+                     f"{need(turns, empty, max_new_tokens)} positions, beyond the context of model {model_name} "
+                     f"({context_length} positions); {fix}")
