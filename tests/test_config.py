@@ -67,7 +67,7 @@ def test_every_config_option_composes(group):
 
 
 @pytest.mark.parametrize("group,valid", [("method", "ar, .*tr"), ("model", "gemma3-270m, hf, .*smollm2-135m"),
-                                         ("task", "dataset, jsonl, long, mini, spec_bench")])
+                                         ("task", "agent_loop, code_edit, dataset, jsonl, long, mini, spec_bench")])
 def test_unknown_group_option_lists_valid_names(group, valid):
     from run import check_group_options  # run.py refuses these before Hydra (tests/test_bad_inputs.py)
 

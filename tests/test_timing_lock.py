@@ -199,16 +199,16 @@ def test_a_shared_baseline_timed_elsewhere_is_refused_at_the_door(tmp_path):
     here = {"cpu_model": "X", "cores": 2, "gpu_name": None, "torch": "2.13", "transformers": "5.24"}
     ar_dir = tmp_path / "ar-t0-m8"
     ar_dir.mkdir()
-    check_baseline_environment("shared", ar_dir, here)  # nothing there yet: fine
+    check_baseline_environment("shared", ar_dir, here=here)  # nothing there yet: fine
     (ar_dir / "run_config.json").write_text(json.dumps({"identity": {}, "provenance": dict(here, cpu_model="Y")}))
     with pytest.raises(SettingsError, match=r"baseline=shared: the AR answers in .* were timed on other hardware or "
                                             r"software \(cpu_model 'Y' there, 'X' here\)"):
-        check_baseline_environment("shared", ar_dir, here)
+        check_baseline_environment("shared", ar_dir, here=here)
     (ar_dir / "run_config.json").write_text(json.dumps({"identity": {}, "provenance": here}))
-    check_baseline_environment("shared", ar_dir, here)  # the same environment
+    check_baseline_environment("shared", ar_dir, here=here)  # the same environment
     (ar_dir / "answers.jsonl").write_text(json.dumps({"question_id": 1, "timing": {"environment": "0000"}}) + "\n")
     with pytest.raises(SettingsError, match="timing environment"):  # one answer appended from elsewhere
-        check_baseline_environment("shared", ar_dir, here)
+        check_baseline_environment("shared", ar_dir, here=here)
     (ar_dir / "answers.jsonl").write_text(json.dumps({"question_id": 1, "timing": {"environment":
                                                                                   environment_key(here)}}) + "\n")
-    check_baseline_environment("shared", ar_dir, here)
+    check_baseline_environment("shared", ar_dir, here=here)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from specbench.run.provenance import differences, environment_key
+from specbench.run.provenance import differences, environment_key, provenance
 from specbench.run.results_io import append_jsonl, read_json, read_jsonl, repair_jsonl
 from specbench.errors import SettingsError
 
@@ -86,9 +86,11 @@ class Shared(Baseline):
         return self.answers[question_id]
 
 
-def check_baseline_environment(mode: str, ar_dir: Path, here: dict) -> None:
+def check_baseline_environment(mode: str, ar_dir: Path, device=None, here: dict | None = None) -> None:
     """Refuse AR answers in `ar_dir` (baseline=shared or reuse) timed on other hardware or software than
-    `here` (this machine's provenance, run/provenance.py): a speedup over them measures two machines."""
+    `here` (default: this machine's provenance on `device`, run/provenance.py): a speedup over them
+    measures two machines."""
+    here = provenance(device) if here is None else here
     theirs = {}
     cfg_file = ar_dir / "run_config.json"
     if cfg_file.is_file():

@@ -22,7 +22,6 @@ from specbench.inputs.window import check_context_length
 from specbench.registry import drafter_class
 from specbench.run.baselines import check_baseline_environment
 from specbench.run.host_memory import apply_host_memory
-from specbench.run.provenance import provenance
 from specbench.run import schemas as _schemas  # noqa: F401  (the settings' Hydra schemas, for whoever composes them)
 from specbench.run.results_io import read_json
 from specbench.run.settings import check_values
@@ -181,37 +180,31 @@ def run_settings(given) -> RunConfig:
 
 
 def plan_run(given) -> RunPlan:
-    """Every setting checked before anything loads (`given`: as run_settings takes it), then what this
-    machine makes of them, resolved once: the device, the dtype, the forward it can run
-    (forward_choice.py), the host memory policy, the names results record."""
-    cfg = run_settings(given)
-    max_new = cfg.max_new_tokens if cfg.max_new_tokens is not None else cfg.task.max_new_tokens
-    cfg = dataclasses.replace(cfg, max_new_tokens=max_new)
-    check_values(cfg)  # the run's own settings (run/settings.py)
-    if cfg.is_serving and cfg.compile == "auto":  # the compiled forward's static cache holds one request
-        print("note: batched runs use the eager forward", file=sys.stderr)
-        cfg = dataclasses.replace(cfg, compile="off")
+    """Every setting checked before anything loads (`given`: as run_settings takes it): the run's own
+    values, then what each setting names, by the code that will load it; then what this machine makes
+    of them, resolved once: the device, the dtype, the forward it can run (forward_choice.py), the host
+    memory policy, the names results record."""
+    cfg = checked_settings(given)
     method = drafter_class(cfg.method["name"])  # an unknown name is refused with the valid ones
     device = resolve_device(cfg.device)
     dtype = run_dtype(cfg.dtype, device, cfg.model)  # auto: by device and model (results name it)
-    planned = planned_forward(cfg.compile, cfg.compile_products, device, resolve_dtype(dtype))
-    # what a setting names, each checked by the code that will load it
-    if cfg.cost_curve not in (*NO_CURVE, "auto"):
-        check_curve_file(cfg.cost_curve, planned)  # measured on the forward the settings ask for
     check_model_config(cfg.model)
     check_context_length(cfg.model, cfg.max_new_tokens)
+    questions = tuple(load_task(cfg.task))  # the question file: there and well-formed (file and line named)
     method.check_settings(cfg.method_settings, {"model_name": cfg.model.name, "device": cfg.device,
                                                 "dtype_name": dtype})
-    questions = tuple(load_task(cfg.task))  # the question file: there and well-formed (file and line named)
-    if cfg.baseline in ("shared", "reuse") and not cfg.timing.allow_mixed and cfg.method["name"] != "ar":
-        check_baseline_environment(cfg.baseline, results_dir_for(cfg, "ar"), provenance(device))
-    torch.manual_seed(cfg.seed)
+    planned = planned_forward(cfg.compile, cfg.compile_products, device, resolve_dtype(dtype))
+    if cfg.cost_curve not in (*NO_CURVE, "auto"):
+        check_curve_file(cfg.cost_curve, planned)  # measured on the forward the settings ask for
+    # what this machine can build of the planned forward (each step down said in one line, below)
+    choice = choose_forward(cfg.compile, cfg.compile_products, device, resolve_dtype(dtype))
     settings = dataclasses.replace(cfg, device=str(device), dtype=dtype,
                                    host_memory=apply_host_memory(cfg.host_memory))
+    if cfg.baseline in ("shared", "reuse") and not cfg.timing.allow_mixed and cfg.method["name"] != "ar":
+        check_baseline_environment(cfg.baseline, results_dir_for(cfg, "ar"), device)
+    torch.manual_seed(cfg.seed)
     plan = RunPlan(settings=settings, device_name=device_name(device), forward=planned,
                    results_dir=str(run_directory(settings)), questions=questions)
-    # what this machine can build of the planned forward: each step down said in one line
-    choice = choose_forward(cfg.compile, cfg.compile_products, device, resolve_dtype(dtype))
     for line in choice.warnings:
         print(line, file=sys.stderr)
     if choice.name == planned:
@@ -220,3 +213,15 @@ def plan_run(given) -> RunPlan:
         print(f"warning: cost_curve {cfg.cost_curve} was measured on another forward: this run measures "
               "a quick curve on its own", file=sys.stderr)
     return plan.stepped_down(choice.name)
+
+
+def checked_settings(given) -> RunConfig:
+    """The settings typed, max_new_tokens resolved, the run's own values checked (run/settings.py)."""
+    cfg = run_settings(given)
+    max_new = cfg.max_new_tokens if cfg.max_new_tokens is not None else cfg.task.max_new_tokens
+    cfg = dataclasses.replace(cfg, max_new_tokens=max_new)
+    check_values(cfg)
+    if cfg.is_serving and cfg.compile == "auto":  # the compiled forward's static cache holds one request
+        print("note: batched runs use the eager forward", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, compile="off")
+    return cfg

@@ -25,11 +25,11 @@ def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str,
     turns = []
     shared = memory.target_parts(engine.model)  # the target's weights are no drafter's state
     for turn_idx, text in enumerate(q.turns):
+        memory.start_turn(engine.device)
         messages.append({"role": "user", "content": text})
         ids = prompt_ids(tokenizer, messages, template)
         if sampler is not None:
             sampler.bind(q.question_id, turn_idx)
-        memory.start_turn(engine.device)
         r = engine.generate(ids, drafter, max_new, sampler, measure_cache=memory.kv_cache_bytes)
         answer = answer_text(tokenizer, r.tokens)  # as Spec-Bench keeps it for turn 2
         messages.append({"role": "assistant", "content": answer})
@@ -38,7 +38,8 @@ def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str,
             "new_tokens": r.new_tokens, "wall_time": r.wall_time, "prefill_time": r.prefill_time,
             "decoding_steps": r.decoding_steps, "accept_lengths": r.accept_lengths, "step_rows": r.step_rows,
             "step_drafted": r.step_drafted, "step_times": r.step_times,
-            **_drafter_host_times(r),
+            # the drafter's host seconds per step, propose and observe apart, where the engine measured them
+            **{k: getattr(r, k) for k in ("step_propose_times", "step_observe_times") if hasattr(r, k)},
             **memory.turn_memory(r.kv_cache_bytes, drafter, engine.device, shared),
         })
     rec = {"question_id": q.question_id, "category": q.category, "subtask": q.subtask,
@@ -47,11 +48,6 @@ def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str,
     if stats:
         rec["drafter_stats"] = stats
     return rec
-
-
-def _drafter_host_times(result) -> dict:
-    """The drafter's host seconds per step, `propose` and `observe` apart, where the engine measured them."""
-    return {k: getattr(result, k) for k in ("step_propose_times", "step_observe_times") if hasattr(result, k)}
 
 
 def timed_answer(session: Session, drafter, q: Question) -> dict:

@@ -50,15 +50,15 @@ def _serve(session: Session) -> dict:
     questions = session.questions
     prompts = [prompt_ids(session.tok, [{"role": "user", "content": q.turns[0]}], cfg.model.chat_template)
                for q in questions]
-    batched = BatchedEngine(session.model, session.engine.eos)
     policy = lambda: FixedSpeculation()  # noqa: E731
     if cfg.batch_speculation == "goodput":
         cost = batch_cost(session, cfg.batch_size)
         policy = lambda: BatchGoodput(cost)  # noqa: E731
-    sides = ServingSides(session, batched, prompts, policy)
+    build_method = session.drafter_factory()
+    sides = ServingSides(session, BatchedEngine(session.model, session.engine.eos), prompts, policy)
     with_ar = method != "ar" and cfg.baseline != "none"
     ar_side = sides.timed(lambda: build_drafter("ar"), "ar") if with_ar or method == "ar" else None
-    side = ar_side if method == "ar" else sides.timed(session.drafter_factory(), "method")
+    side = ar_side if method == "ar" else sides.timed(build_method, "method")
     checks = (check_requests(cfg, session.model, session.engine, prompts, questions, side["requests"], session.band)
               if cfg.lossless.check else [])
     summary = serving_summary(session.plan, side, ar_side if with_ar else None, checks)

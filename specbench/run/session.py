@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from specbench.config import RunConfig, RunPlan
+from specbench.config import NO_CURVE, RunConfig, RunPlan
 from specbench.decoding.sampling import PositionSampler
 from specbench.inputs.window import model_context_length
 from specbench.registry import drafter_class
@@ -109,6 +109,8 @@ class Session:
         """Priced at the contexts the run's turns reach (speculation/cost.py contexts_for), so the bound
         and the goodput choices price a step at its own context."""
         cfg = self.cfg
+        if cfg.cost_curve in NO_CURVE:
+            return None
         contexts = ()
         if self.kind.curve_at_contexts:
             longest = longest_prompt_bound(self.tok, self.questions, cfg.model.chat_template, cfg.max_new_tokens)
