@@ -133,6 +133,63 @@ def ratio(model, prompts, args) -> dict:
     return out
 
 
+def build(method: str, model, name: str, dtype_name: str, curve, sampler):
+    """The method's drafter with its default settings, offered what a run offers it (run/target.py)."""
+    from specbench.drafter import Target
+    from specbench.registry import drafter_class
+
+    target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=model.device, model=model,
+                    model_name=name, dtype_name=dtype_name, hardware_curve=curve, sampler=sampler)
+    cls = drafter_class(method)
+    return cls(target, cls.Settings())
+
+
+def method_split(engine, drafter, prompts, args, sampler) -> dict:
+    """ms per step by phase (step.PHASES) over `args.turns` turns after a warm-up turn."""
+    from specbench.decoding.step import PHASES
+
+    engine.generate(prompts[0], drafter, args.max_new_tokens, sampler)  # first-call costs, a hot start
+    totals, steps, rows, tokens = dict.fromkeys(PHASES, 0.0), 0, 0, 0
+    wall = 0.0
+    for t in range(args.turns):
+        if sampler is not None:
+            sampler.bind(t, 0)
+        r = engine.generate(prompts[t % len(prompts)], drafter, args.max_new_tokens, sampler)
+        for k, v in r.phase_seconds.items():
+            totals[k] += v
+        steps, rows, tokens = steps + r.decoding_steps, rows + sum(r.step_rows), tokens + sum(r.accept_lengths)
+        wall += sum(r.step_times)
+    out = {"steps": steps, "rows_per_step": round(rows / steps, 2), "mat": round(tokens / steps, 3),
+           "ms_per_step": round(1e3 * wall / steps, 4)}
+    out |= {f"{k}_ms": round(1e3 * v / steps, 4) for k, v in totals.items()}
+    out["drafter_ms"] = round(out["propose_ms"] + out["observe_ms"], 4)
+    return out
+
+
+def split(model, prompts, eos, name: str, dtype_name: str, args) -> dict:
+    """Part 2: every method of `--methods` on `--forward`, the step split into its phases."""
+    from specbench.decoding.sampling import PositionSampler
+    from specbench.speculation.cost import measure_cost_curve
+
+    engine = engine_for(model, eos, args.forward)
+    # the curve the goodput drafters choose their trees by: this forward's, measured quickly here
+    curve = measure_cost_curve(model, context_len=len(prompts[0]), repeats=3, warmup=1, model_name=name,
+                               dtype_name=dtype_name, engine=engine)
+    out = {"forward": engine.forward_name, "temperature": args.temperature}
+    for method in filter(None, args.methods.split(",")):
+        sampler = PositionSampler(args.temperature, seed=0) if args.temperature > 0 else None
+        try:
+            drafter = build(method, model, name, dtype_name, curve, sampler)
+        except Exception as e:  # noqa: BLE001 (a method that needs what this model lacks: a head, a datastore)
+            print(f"warning: {method} skipped ({type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
+            continue
+        out[method] = m = method_split(engine, drafter, prompts, args, sampler)
+        print(f"{method}: {m['ms_per_step']:.3f} ms/step ({m['rows_per_step']} rows, MAT {m['mat']}): "
+              + ", ".join(f"{k[:-3]} {m[k]:.3f}" for k in m if k.endswith("_ms") and k != "ms_per_step"),
+              flush=True)
+    return out
+
+
 def main(argv=None) -> None:
     ap, args = parse(argv)
     torch.set_num_threads(args.threads)
@@ -142,6 +199,8 @@ def main(argv=None) -> None:
            "date": time.strftime("%Y-%m-%d")}
     if not args.skip_ratio:
         res["ratio"] = ratio(model, prompts, args)
+    if args.methods.strip(","):
+        res["split"] = split(model, prompts, eos, name, dtype_name, args)
     print(json.dumps(res, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")

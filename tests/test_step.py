@@ -87,3 +87,97 @@ def test_both_engines_emit_the_same_tokens(tiny_llama):
     for rec, ref in zip(out.records, refs):
         assert (rec.tokens, rec.accept_lengths) == (ref.tokens, ref.accept_lengths)
     assert max(s.active for s in out.steps) == 3
+
+
+# -- the fixed-shape step's buffers, mask and runners (static_step.py), checked on the CPU ------------
+
+def _engine_mask(draft, base, capacity, window=None):
+    """The eager engine's mask for `draft`'s real rows, widened to the whole buffer (hidden columns)."""
+    from specbench.decoding.engine import Engine
+    from specbench.decoding.masks import tree_attention_mask
+
+    tt = TreeTensorCache("cpu")(draft.tree)
+    vis, depths = tt.ancestors, tt.depths
+    if draft.n_extra:
+        n, e = draft.tree.size, draft.tree.size + draft.n_extra
+        vis = torch.zeros(e, e, dtype=torch.bool)
+        vis[:n, :n] = tt.ancestors
+        vis[n:] = draft.extra_visibility
+        depths = torch.cat([depths, draft.extra_depths])
+    m = tree_attention_mask(vis, depths, base, torch.float32, sliding_window=window)
+    out = torch.full((1, 1, m.shape[2], capacity), torch.finfo(torch.float32).min)
+    out[..., : m.shape[3]] = m
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("extra", [False, True])
+def test_a_filled_bucket_gives_the_engines_mask_and_positions_on_the_device(window, extra):
+    """The fixed-shape forward's mask, made from the buffers and the cache's length alone, equals the
+    eager engine's for the real rows; padded rows see the prefix and themselves, nothing later."""
+    from specbench.decoding.static_step import StepBuffers, graph_mask
+
+    g = torch.Generator().manual_seed(3)
+    draft = Draft(tokens=torch.randint(0, 97, (len(TREE),), generator=g), tree=TREE)
+    if extra:  # two Jacobi-like rows: the first sees the root, the second the first and itself
+        draft = Draft(tokens=draft.tokens, tree=TREE, extra_tokens=torch.tensor([11, 12]),
+                      extra_depths=torch.tensor([1, 2]),
+                      extra_visibility=torch.tensor([[1, 0, 0, 0, 0, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0, 0, 1, 1]],
+                                                    dtype=torch.bool))
+    bufs, base, capacity = StepBuffers(16, "cpu"), 9, 40
+    r = bufs.fill(5, draft, TreeTensorCache("cpu"))
+    assert r == TREE.size + draft.n_extra and bufs.ids[0, 0] == 5
+    assert torch.equal(bufs.ids[0, 1 : TREE.size], draft.tokens)
+    mask = graph_mask(torch.tensor(base), bufs.depths, bufs.visibility, capacity, torch.float32, window)
+    want = _engine_mask(draft, base, capacity, window)
+    got = mask if window is None else mask["sliding_attention"]
+    assert torch.equal(got[..., :r, :], want)
+    if window is not None:
+        assert torch.equal(mask["full_attention"][..., :r, :], _engine_mask(draft, base, capacity))
+    lo = torch.finfo(torch.float32).min
+    pad = (mask if window is None else mask["full_attention"])[0, 0, r:]
+    assert (pad[:, :base] == 0).all() and (pad[:, base + 16 :] == lo).all()
+    assert all(pad[i, base + r + i] == 0 and (pad[i, base : base + 16] == 0).sum() == 1 for i in range(16 - r))
+
+
+def test_buffers_rewrite_the_tree_only_when_it_changes():
+    from specbench.decoding.static_step import StepBuffers
+
+    trees = TreeTensorCache("cpu")
+    bufs = StepBuffers(8, "cpu")
+    chain = DraftTree.chain(3)
+    assert bufs.fill(7, Draft(tokens=torch.tensor([1, 2, 3]), tree=chain), trees) == 4
+    assert bufs.layout is chain and bufs.depths.tolist() == [0, 1, 2, 3, 0, 0, 0, 0]
+    bufs.depths[5] = 99  # a write the next fill of the same tree must not undo: nothing rewritten
+    assert bufs.fill(8, Draft(tokens=torch.tensor([4, 5, 6]), tree=chain), trees) == 4
+    assert bufs.depths[5] == 99 and bufs.ids[0, :4].tolist() == [8, 4, 5, 6]
+    assert bufs.fill(9, None, trees) == 1  # a plain step: the root alone, layout reset
+    assert bufs.layout is None and bufs.depths.tolist() == [0] * 8 and torch.equal(bufs.visibility, torch.eye(8).bool())
+    with pytest.raises(ValueError, match="does not fit"):
+        bufs.fill(1, Draft(tokens=torch.arange(8), tree=DraftTree.chain(8)), trees)
+
+
+def test_runners_are_built_once_per_key_and_a_failed_capture_falls_back_with_one_warning(capsys):
+    from specbench.decoding.static_step import Runners
+
+    built = []
+
+    def build(key, cache, length):
+        built.append(key)
+        return lambda c: ("plain", key)
+
+    def graph(key, plain, cache, length):
+        if key[1] == 16:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+        return lambda c: ("graph", key)
+
+    runners = Runners(build, graph)
+    assert runners.get((1024, 1, False), "cache", 0)(None) == ("graph", (1024, 1, False))
+    assert runners.get((1024, 1, False), "cache", 5)(None)[0] == "graph"
+    assert runners.get((1024, 16, False), "cache", 0)(None) == ("plain", (1024, 16, False))
+    assert runners.get((1024, 16, False), "cache", 0)(None)[0] == "plain"
+    assert built == [(1024, 1, False), (1024, 16, False)] and runners.captured == {(1024, 1, False)}
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: capturing the forward as a CUDA graph failed")
+    assert "not permitted" in err[0] and "continuing" in err[0]
+    assert Runners(build, None).get((2048, 1, True), "cache", 0)(None)[0] == "plain"  # the CPU: no graphs
