@@ -12,7 +12,7 @@ from specbench.decoding.batched import BatchedEngine, Request
 from specbench.decoding.step import check_context
 from specbench.errors import InputError
 from specbench.methods.ar import Autoregressive
-from specbench.run import serving, single
+from specbench.run import serving, session, single
 from specbench.inputs.window import check_prompts_fit
 from tests.conftest import save_tiny_llama_dir
 from tests.test_config import CONF
@@ -69,7 +69,8 @@ REFUSAL = (f"error: question 'mini-mt-2' (subtask mt): its prompt of 58 tokens a
 @pytest.mark.parametrize("kind,load", [("single", []), ("serving", ["batch_size=2"])], ids=["single", "serving"])
 def test_a_run_refuses_a_prompt_past_the_window_in_one_line(kind, load, short_window_model, tmp_path, monkeypatch,
                                                              capsys):
-    for name in ("measure_rounding_band", "warm_up", "answer_questions"):
+    monkeypatch.setattr(session.Session, "_rounding_band", _never("the rounding band"))
+    for name in ("warm_up", "answer_questions"):
         monkeypatch.setattr(single, name, _never(name))
     monkeypatch.setattr(serving.BatchedEngine, "generate", _never("the batched engine"))
     overrides = ["model=hf", f"model.path={short_window_model}", "task=mini", "max_new_tokens=200", "warmup=0",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specbench.decoding.engine import Engine
 from specbench.drafter import ReadsHiddenStates
-from specbench.inputs.chat import prompt_ids
+from specbench.inputs.chat import first_turn, last_prompt_tokens, prompt_ids
 from specbench.inputs.questions import Question
 from specbench.inputs.window import check_prompts_fit
 
@@ -14,11 +14,7 @@ def prompt_bound(tokenizer, q: Question, template: str, max_new: int) -> int:
     """An upper bound on the longest prompt any turn of `q` can have: the last turn's conversation
     with empty answers (roles alternate, as strict chat templates demand), each answer then counted
     at max_new tokens plus a few for re-tokenising its text. Exact for a one-turn question."""
-    messages = []
-    for t in q.turns:
-        messages += [{"role": "user", "content": t}, {"role": "assistant", "content": ""}]
-    ids = prompt_ids(tokenizer, messages[:-1], template)
-    return len(ids) + (len(q.turns) - 1) * (max_new + 16)
+    return last_prompt_tokens(tokenizer, q, template) + (len(q.turns) - 1) * (max_new + 16)
 
 
 def longest_prompt_bound(tokenizer, questions: list[Question], template: str, max_new: int) -> int:
@@ -35,8 +31,7 @@ def check_questions_fit(tokenizer, questions: list[Question], template: str, max
     fit."""
     if not context_length:
         return
-    first = [(q.question_id, q.subtask, len(prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}],
-                                                          template))) for q in questions]
+    first = [(q.question_id, q.subtask, len(prompt_ids(tokenizer, first_turn(q), template))) for q in questions]
     check_prompts_fit(first, max_new, context_length, model_name)
 
 

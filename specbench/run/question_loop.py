@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from specbench.decoding.engine import Engine
 from specbench.decoding.sampling import PositionSampler
-from specbench.inputs.chat import answer_text, prompt_ids
+from specbench.inputs.chat import answer_text, opening, prompt_ids
 from specbench.inputs.questions import Question
 from specbench.inputs.tasks import WARMUP_QUESTION
 from specbench.run import lossless, memory, metrics
@@ -21,7 +21,7 @@ def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str,
                  sampler: PositionSampler | None = None) -> dict:
     """All turns of one question; turn 2 sees the model's own turn-1 answer, as in Spec-Bench."""
     drafter.start_question()
-    messages: list[dict] = []
+    messages = opening(q)  # a system prompt where the question has one (an agent's tool descriptions)
     turns = []
     shared = memory.target_parts(engine.model)  # the target's weights are no drafter's state
     for turn_idx, text in enumerate(q.turns):
@@ -147,7 +147,7 @@ def stored(record: dict) -> dict:
 
 def with_prompts(rec: dict, q: Question, tok, template: str) -> dict:
     """Rebuild a stored record's prompt ids from the question and the record's own earlier answers."""
-    messages: list[dict] = []
+    messages = opening(q)
     turns = []
     for text, turn in zip(q.turns, rec["turns"]):
         messages.append({"role": "user", "content": text})

@@ -31,7 +31,7 @@ from specbench.config import RunConfig, RunPlan
 from specbench.run.session import SERVING, Session, open_session
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
 from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost
-from specbench.inputs.chat import prompt_ids
+from specbench.inputs.chat import first_turn, prompt_ids
 from specbench.inputs.tasks import WARMUP_QUESTION
 from specbench.registry import build_drafter
 
@@ -48,8 +48,7 @@ def run_serving(plan: RunPlan) -> dict:
 def _serve(session: Session) -> dict:
     cfg, method, out_dir = session.cfg, session.plan.method, session.folder
     questions = session.questions
-    prompts = [prompt_ids(session.tok, [{"role": "user", "content": q.turns[0]}], cfg.model.chat_template)
-               for q in questions]
+    prompts = [prompt_ids(session.tok, first_turn(q), cfg.model.chat_template) for q in questions]
     policy = lambda: FixedSpeculation()  # noqa: E731
     if cfg.batch_speculation == "goodput":
         cost = batch_cost(session, cfg.batch_size)
