@@ -247,14 +247,10 @@ def build(tokenizer, template: str, stdlib: Path) -> list[dict]:
 
 # -- the files ---------------------------------------------------------------------------------------
 
-def readme(records: list[dict]) -> str:
-    rows = "\n".join(f"| {r['question_id']} | {r['subtask']} | {len(r['turns'])} | {r['input_tokens']} | "
-                     f"{r['turns_tokens']} | {r['source'].split(': ', 1)[1].split(' and ')[0]} |" for r in records)
-    turns = sum(len(r["turns"]) for r in records)
-    return f"""# task=agent_loop: a coding agent's sessions over one repository
+README = """# task=agent_loop: a coding agent's sessions over one repository
 
 `agent_loop.jsonl` is `task=agent_loop` (`python run.py task=agent_loop`, `conf/task/agent_loop.yaml`):
-{len(records)} sessions, {turns} user turns, in a coding agent's shape. Each session has a system prompt (the
+{sessions} sessions, {turns} user turns, in a coding agent's shape. Each session has a system prompt (the
 `system` field) that describes the agent's tools and asks for one JSON tool call per reply; each user
 turn hands back a tool's output (a file listing, a unittest log, search hits, a function with line
 numbers, JSON results) and asks for the next tool call, a patch, or the whole function again. The
@@ -268,19 +264,19 @@ that every method sees the same turns. Written by `scripts/make_agent_loop_task.
 ## The repository and the sessions
 
 The repository is four modules of Python's standard library under `lib/` and their own tests under
-`tests/`: {", ".join(f"`{m}`" for m in REPO)}. Each module has one function that every session on
-it works on (the first public, undecorated function of {FUNCTION_TOKENS[0]}-{FUNCTION_TOKENS[1]} tokens that its tests call and
+`tests/`: {modules}. Each module has one function that every session on
+it works on (the first public, undecorated function of {sizes} tokens that its tests call and
 that takes all three edits), so that the three sessions on a module, and the four of a kind, share
 files, code and requests: what Suffix Decoding's global tree and Token Recycling's matrix can draw on
 across requests. Sessions are in kind order, module by module (`task.per_subtask=1`: one of each
-kind, all on `{REPO[0]}`).
+kind, all on `{first}`).
 
 - **bugfix** (5 turns): the task and the listing (`list_files`); a failing `run_tests` log; `search`
   hits for the function; the function as `read_file` shows it, asked for an `apply_patch` call that
   fixes the bug; the patch's and the tests' JSON results. The bug is a comparison flipped by the
   builder (as `task=code_edit`'s `fix_bug`); the log fails the tests whose body calls the function,
   each traceback quoting the test's first line that calls it (made from the test file, not by running it).
-- **feature** (4 turns): the task (add `{NEW_PARAMETER}=False`, last, and `if {NEW_PARAMETER}: print('<name>')` first) and
+- **feature** (4 turns): the task (add `{parameter}=False`, last, and `if {parameter}: print('<name>')` first) and
   the listing; the function; its call sites, asked for a `replace_function` call with the whole new
   function; the JSON results.
 - **rename** (4 turns): the task (a named local variable to `<name>_value`) with the function, asked
@@ -292,7 +288,7 @@ kind, all on `{REPO[0]}`).
 the generation prompt with the chat template applied (`specbench/inputs/chat.py`); `turns_tokens` is
 the last turn's prompt with every earlier answer empty. A session's last prompt is `turns_tokens` plus
 its answers; at the task's 512 new tokens a turn, the longest session needs at most
-{max(r['turns_tokens'] + (len(r['turns']) - 1) * 528 + 512 for r in records)} positions (each answer counted at 512 tokens and 16 for its template),
+{longest} positions (each answer counted at 512 tokens and 16 for its template),
 within SmolLM2's 8,192.
 
 | session | kind | turns | input_tokens | turns_tokens | function |
@@ -301,7 +297,7 @@ within SmolLM2's 8,192.
 
 ## Sources and licence
 
-The standard library of Python {platform.python_version()} and its tests (`Lib/test/`), Python Software Foundation
+The standard library of Python {python} and its tests (`Lib/test/`), Python Software Foundation
 License Version 2 (`LICENSE-python.txt`, this Python's own `LICENSE.txt`). The system prompt, the tasks,
 the test logs' layout and the JSON results are this builder's own; the listings, search hits, code
 and test names are read from those files.
@@ -310,9 +306,19 @@ and test names are read from those files.
 
     python scripts/make_agent_loop_task.py --out data/agent_loop
 
-Python {platform.python_version()} (with its `Lib/test/`) and the SmolLM2 tokenizer give these files byte for byte
+Python {python} (with its `Lib/test/`) and the SmolLM2 tokenizer give these files byte for byte
 (`tests/test_agent_loop_task.py`); another Python version reads other code.
 """
+
+
+def readme(records: list[dict]) -> str:
+    rows = "\n".join(f"| {r['question_id']} | {r['subtask']} | {len(r['turns'])} | {r['input_tokens']} | "
+                     f"{r['turns_tokens']} | {r['source'].split(': ', 1)[1].split(' and ')[0]} |" for r in records)
+    turns = sum(len(r["turns"]) for r in records)
+    longest = max(r["turns_tokens"] + (len(r["turns"]) - 1) * 528 + 512 for r in records)
+    return README.format(sessions=len(records), turns=turns, modules=", ".join(f"`{m}`" for m in REPO),
+                         sizes=f"{FUNCTION_TOKENS[0]}-{FUNCTION_TOKENS[1]}", parameter=NEW_PARAMETER, first=REPO[0],
+                         longest=longest, python=platform.python_version(), rows=rows)
 
 
 def write(out: Path, records: list[dict], stdlib: Path) -> None:

@@ -243,20 +243,10 @@ def record(kind: str, n: int, shape: str, module: Module, qname: str, item: dict
 
 # -- the files ---------------------------------------------------------------------------------------
 
-def readme(records: list[dict]) -> str:
-    rows = []
-    for kind in KINDS:
-        for shape in SHAPES:
-            n = [r["input_tokens"] for r in records if r["subtask"] == kind and r["category"] == shape]
-            rows.append(f"| {kind} | {shape} | {len(n)} | {min(n)} | {max(n)} |")
-    table = "\n".join(rows)
-    modules = ", ".join(f"`{m}`" for m in dict.fromkeys(r["source"].split("Lib/")[1].split(" ")[0]
-                                                           for r in records))
-    example = next(r for r in records if r["subtask"] == "fix_bug")["turns"][0].split("\n\n")[0]
-    return f"""# task=code_edit: a real function back, with one change
+README = """# task=code_edit: a real function back, with one change
 
 `code_edit.jsonl` is `task=code_edit` (`python run.py task=code_edit`, `conf/task/code_edit.yaml`):
-{len(records)} prompts, one turn each, that hand SmolLM2 a function of Python's standard library and ask
+{prompts} prompts, one turn each, that hand SmolLM2 a function of Python's standard library and ask
 for it back with one concrete edit, the answer being the whole function again: most of it copies the
 prompt, where Prompt Lookup Decoding, Suffix Decoding and `tr_fused`'s retrieval draw their drafts.
 Written by `scripts/make_code_edit_task.py` with `datasets` (`Dataset.from_list(...).to_json`); a run
@@ -269,22 +259,22 @@ Each names what to change, so that an answer can be checked by reading it:
 
 - **rename**: the local variable used most often in the function (3 times or more) renamed
   from `<name>` to `<name>_value`.
-- **add_parameter**: a parameter `{NEW_PARAMETER}=False` added last, and the body's first statement (after the
-  docstring) `if {NEW_PARAMETER}: print('<function>')`.
+- **add_parameter**: a parameter `{parameter}=False` added last, and the body's first statement (after the
+  docstring) `if {parameter}: print('<function>')`.
 - **type_hints**: every parameter (but `self`) and the return value annotated.
 - **translate_comments**: the function's `#` comments (2 or more) into French, the code unchanged.
 - **fix_bug**: one comparison of the function flipped by the builder (`<` and `<=`, `>` and `>=`,
   `==` and `!=`: the first one-operator comparison on one line), the prompt quoting the line and
-  the operator it should have, e.g. "{example.split(' The change')[0]}"
+  the operator it should have, e.g. "{example}"
 
-Every prompt ends: "{INSTRUCTION_TAIL}"
+Every prompt ends: "{tail}"
 
 ## Shapes (the category) and lengths
 
 A kind's prompts alternate between two shapes: `function`, the function alone, and `file`, the
 function after the module's code before it (as an editor sends the open file), starting at the
-statement that brings the prompt nearest {", ".join(map(str, FILE_TARGETS))} tokens (prompts 2, 4, 6, 8 of a
-kind), within 5%. Each function ({FUNCTION_TOKENS[0]}-{FUNCTION_TOKENS[1]} tokens of code) is in one prompt only, so
+statement that brings the prompt nearest {targets} tokens (prompts 2, 4, 6, 8 of a
+kind), within 5%. Each function ({sizes} tokens of code) is in one prompt only, so
 that the whole function fits the task's 512 new tokens.
 
 `input_tokens` is the prompt's length as a run feeds it to the embedded SmolLM2-135M-Instruct (model
@@ -297,7 +287,7 @@ applied, system prompt and generation prompt included (`specbench/inputs/chat.py
 
 ## Sources and licence
 
-The standard library of Python {platform.python_version()} (Python Software Foundation License Version 2:
+The standard library of Python {python} (Python Software Foundation License Version 2:
 `LICENSE-python.txt`, this Python's own `LICENSE.txt`): functions and methods of {modules}, handed out
 in that order, each to the kind with the fewest prompts so far that can take it. Each record's `source`
 names the module, the lines and the function.
@@ -306,9 +296,24 @@ names the module, the lines and the function.
 
     python scripts/make_code_edit_task.py --out data/code_edit
 
-Python {platform.python_version()} and the SmolLM2 tokenizer give these files byte for byte
+Python {python} and the SmolLM2 tokenizer give these files byte for byte
 (`tests/test_code_edit_task.py`); another Python version reads other code.
 """
+
+
+def readme(records: list[dict]) -> str:
+    rows = []
+    for kind in KINDS:
+        for shape in SHAPES:
+            n = [r["input_tokens"] for r in records if r["subtask"] == kind and r["category"] == shape]
+            rows.append(f"| {kind} | {shape} | {len(n)} | {min(n)} | {max(n)} |")
+    table = "\n".join(rows)
+    modules = ", ".join(f"`{m}`" for m in dict.fromkeys(r["source"].split("Lib/")[1].split(" ")[0]
+                                                           for r in records))
+    example = next(r for r in records if r["subtask"] == "fix_bug")["turns"][0].split(" The change")[0]
+    return README.format(prompts=len(records), parameter=NEW_PARAMETER, example=example, tail=INSTRUCTION_TAIL,
+                         targets=", ".join(map(str, FILE_TARGETS)), sizes=f"{FUNCTION_TOKENS[0]}-{FUNCTION_TOKENS[1]}",
+                         python=platform.python_version(), table=table, modules=modules)
 
 
 def write(out: Path, records: list[dict], stdlib: Path) -> None:
