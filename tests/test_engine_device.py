@@ -11,7 +11,6 @@ from specbench.methods.tr.base import TokenRecycling
 from specbench.draft import Draft
 from specbench.drafter import Drafter
 from specbench.decoding.engine import Engine
-from specbench.decoding.step import split_piece, verify_piece
 from specbench.draft import DraftTree
 from specbench.decoding.masks import tree_attention_mask
 from specbench.decoding.verify import TreeTensors, accept_path, accepted_path
@@ -50,16 +49,11 @@ def test_engine_verify_returns_path_and_emitted_tokens(tiny_llama):
         return lg.argmax(-1)
 
     ids = torch.cat([torch.tensor([5]), draft.tokens])  # the forward's rows: root, then the draft
-
-    def verify(lg, d, select):  # the engine's step: the piece on the device, read once, split
-        piece = verify_piece(engine.tree_tensors, lg, d, ids, 3, select, Drafter(), "cpu")
-        return (*split_piece(piece.tolist(), d), piece)
-
-    accepted, emitted, piece = verify(logits, draft, greedy)
-    assert (accepted, emitted, piece[: tree.max_depth + 1].tolist()) == ([2, 4], [8, 10, 13], [0, 2, 4])
-    assert verify(logits[:1], None, greedy)[:2] == ([], [8])
+    accepted, emitted, path = engine._verify(logits, draft, ids, 3, greedy, Drafter())
+    assert (accepted, emitted, path.tolist()) == ([2, 4], [8, 10, 13], [0, 2, 4])
+    assert engine._verify(logits[:1], None, ids[:1], 3, greedy, Drafter()) == ([], [8], None)
     as_list = lambda lg, pos: lg.argmax(-1).tolist()  # noqa: E731 - a sampler returning host ints
-    assert verify(logits, draft, as_list)[:2] == ([2, 4], [8, 10, 13])
+    assert engine._verify(logits, draft, ids, 3, as_list, Drafter())[:2] == ([2, 4], [8, 10, 13])
 
 
 @pytest.mark.parametrize("window", [None, 3])

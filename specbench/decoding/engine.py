@@ -78,6 +78,7 @@ class Engine:
                 self._fall_back_to_eager(e)
         self.forward_time = 0.0
         self._trees = TreeTensorCache(self.device)
+        self._clock: PhaseClock | None = None  # the running turn's step clock
 
     def new_cache(self, prompt_len: int, max_new_tokens: int, hidden: bool = False, reserve: bool = False):
         """The KV cache for one turn: a DynamicCache, or the compiled forward's static cache with every
@@ -174,6 +175,22 @@ class Engine:
         )
         return out.logits[0], (out.hidden_states[-1][0] if hidden else None)
 
+    def _verify(self, logits: torch.Tensor, draft: Draft | None, draft_ids: torch.Tensor, cache_len: int,
+                select: Callable, drafter: Drafter) -> tuple[list[int], list[int], torch.Tensor | None]:
+        """(accepted nodes in path order, emitted tokens = their tokens + the bonus, the path on the
+        device). The only device-to-host copy of a step: the path and its tokens, one small tensor.
+        `draft_ids`: the forward's input rows on the device (root first). The step's clock, where one
+        runs, gets the host's part and the wait for the device apart."""
+        piece = verify_piece(self.tree_tensors, logits, draft, draft_ids, cache_len, select, drafter, self.device)
+        clock = self._clock
+        if clock is not None:
+            clock.lap("verify")
+        host = piece.tolist()
+        if clock is not None:
+            clock.lap("wait")
+        accepted, emitted = split_piece(host, draft)
+        return accepted, emitted, None if draft is None else piece[: draft.tree.max_depth + 1]
+
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int,
                  sampler: Callable | None = None, measure_cache: Callable | None = None) -> TurnResult:
@@ -194,9 +211,12 @@ class Engine:
         observe_prefill(drafter, out)
         turn.emit([first])
         self.forward_time = 0.0
-        clock = PhaseClock(t0 + t_prefill)
-        while len(turn.new) < max_new_tokens and turn.new[-1] not in self.eos:
-            self._step(turn, cache, clock)
+        clock = self._clock = PhaseClock(t0 + t_prefill)
+        try:
+            while len(turn.new) < max_new_tokens and turn.new[-1] not in self.eos:
+                self._step(turn, cache, clock)
+        finally:
+            self._clock = None
         wall = now(dev) - t0
         r = turn.result
         r.wall_time, r.prefill_time, r.forward_time, r.phase_seconds = wall, t_prefill, self.forward_time, clock.totals
@@ -214,15 +234,11 @@ class Engine:
         clock.lap("host")
         ids, logits, hidden = self._run_forward(loaded, cache, cache_len, turn.hidden)
         clock.lap("forward")
-        piece = verify_piece(self.tree_tensors, logits, draft, ids, cache_len, turn.select, turn.drafter, self.device)
-        clock.lap("verify")
-        host = piece.tolist()  # the step's one device-to-host copy: the accepted path and its tokens
-        clock.lap("wait")
-        accepted, emitted = split_piece(host, draft)
+        accepted, emitted, path = self._verify(logits, draft, ids, cache_len, turn.select, turn.drafter)
         bonus = emitted[-1]
         if draft is not None or self.compiled is not None:  # a static cache holds the padded rows too
             keep = [0] + accepted  # rows to keep, in order; on the device they are the path's head
-            compact_kv_cache(cache, cache_len, keep, None if draft is None else piece[: len(keep)])
+            compact_kv_cache(cache, cache_len, keep, None if path is None else path[: len(keep)])
         emitted = cut_at_stop(emitted, self.eos, len(turn.new), turn.max_new)
         turn.emit(emitted)
         turn.record(draft, len(emitted))
