@@ -23,8 +23,8 @@ class LosslessConfig:
     # exit non-zero (a numeric divergence never does: run/lossless.py)
     fail_on_mismatch: bool = True
     # the run also fails when more than this share of the checked tokens are numeric (within the rounding
-    # band, not the target's choice): honest half-precision runs make at most ~2% (results/archive/half-precision:
-    # 7 of 420 in bfloat16, 1 of 420 in float16), a verifier that takes the runner-up within 0.25 logits ~9%
+    # band, not the target's choice): honest half-precision runs make at most ~2% (docs/results-log.md, the
+    # half-precision runs: 7 of 420 in bfloat16, 1 of 420 in float16), a verifier that takes the runner-up within 0.25 logits ~9%
     # (tests/test_lossless_mutations.py); 5% sits between. null: no limit
     max_numeric_share: Optional[float] = 0.05
 

@@ -1,7 +1,7 @@
 """What follows a written run: the sweep-level results.csv and wandb logging (one request at a time),
 the serving folder's table and plots (many at once).
 
-Kept out of runner.py behind one call; a failure here prints a warning and never fails the run
+Kept out of the run (run/single.py, run/serving.py) behind one call from main.py; a failure here prints a warning and never fails the run
 (the answers and summary are already on disk).
 """
 
