@@ -71,6 +71,13 @@ def main(argv=None) -> int:
         print(f"written: {out / 'serving.md'}" + "".join(f", {p}" for p in plots), file=sys.stderr)
         for line in failed:
             print(f"LOSSLESS CHECK FAILED: {line}", file=sys.stderr)
+        mixed_serving = [r for r in serving if r.get("timing_flags")]
+        for r in mixed_serving:
+            print(f"{'warning' if args.allow_mixed else 'error'}: serving {r['method']} B={r['batch_size']}: "
+                  f"{'; '.join(r['timing_flags'])}; rerun it alone, or pass --allow-mixed to keep it, marked",
+                  file=sys.stderr)
+        if mixed_serving and not args.allow_mixed:
+            failed = [*failed, "serving runs not timed alone"]
         if not runs:
             return 1 if failed else 0
     rows = collect.run_rows(runs)

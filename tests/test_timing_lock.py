@@ -212,3 +212,20 @@ def test_a_shared_baseline_timed_elsewhere_is_refused_at_the_door(tmp_path):
     (ar_dir / "answers.jsonl").write_text(json.dumps({"question_id": 1, "timing": {"environment":
                                                                                   environment_key(here)}}) + "\n")
     check_baseline_environment("shared", ar_dir, here=here)
+
+
+def test_a_serving_run_timed_under_load_is_marked_in_its_table():
+    from specbench.report import serving_report
+
+    base = {"method": "pld", "method_params": {}, "model": "m", "task": "mini", "dtype": "float32", "device": "cpu",
+            "forward": "eager", "max_new_tokens": 8, "batch_size": 4, "request_rate": None,
+            "batch_speculation": "fixed", "throughput": 10.0, "mat": 1.5, "rows_per_step": 4.0, "latency_mean": 1.0,
+            "latency_p50": 1.0, "latency_p99": 1.0, "tpot_ms": 10.0, "speedup": 1.2,
+            "lossless": {"checked": 4, "exact": 4}, "results_dir": "a"}
+    clean = dict(base, timing={"exclusive": True, "contended": 0, "baseline_contended": 0})
+    loaded = dict(base, results_dir="b", repeat=1, timing={"exclusive": True, "contended": 1, "baseline_contended": 0})
+    assert timing_marks.summary_flags(clean) == []
+    md = serving_report.serving_markdown(serving_report.combine([clean]))
+    assert timing_marks.MARK not in md
+    md = serving_report.serving_markdown(serving_report.combine([clean, loaded]))  # two rounds, one under load
+    assert f"| pld {timing_marks.MARK} |" in md and "pld B=4: 1 timed side(s) under other load" in md

@@ -132,6 +132,6 @@ def timing_line(timing: dict | None) -> str | None:
     why = [] if timing.get("exclusive", True) else ["timed on a shared device (timing.exclusive=false)"]
     if flagged:
         why.append(f"{timing.get('contended', 0)} of the method's and {timing.get('baseline_contended', 0)} of "
-                   f"AR's timed questions ran while other processes loaded the device (more than "
+                   f"AR's timed sections ran while other processes loaded the device (more than "
                    f"{timing.get('max_other_load')} cores beyond what the run leaves free)")
     return "TIMING NOT ALONE: " + "; ".join(why) + ": its speedups are marked in every table"

@@ -34,7 +34,12 @@ def after_serving_run(summary: dict) -> None:
         from specbench.report import serving_report
         from specbench.run.results_io import write_text_atomic
 
+        from specbench.report.console import timing_line
+
         print(serving_report.serving_table(serving_report.combine([summary])))
+        warning = timing_line(summary.get("timing"))
+        if warning:
+            print(warning)
         combined = serving_report.combine(serving_report.load_serving(folder))
         write_text_atomic(folder / "serving.md", serving_report.serving_markdown(combined))
         serving_report.serving_plots(combined, folder / "plots")

@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 from specbench.markdown import markdown_table
+from specbench.report import timing_marks
 from specbench.run import lossless
 from specbench.run.metrics import mean_interval_95
 from specbench.run.results_io import read_json
@@ -78,6 +79,7 @@ def combine(summaries: list[dict]) -> list[dict]:
                          ("questions", "checked", "exact", "numeric_ties", "mismatches", "lossy_differences",
                           "tokens_checked", "tokens_outside_band", "questions_outside_band")
                          if any(k in t for t in tallies)},
+            "timing_flags": timing_marks.merged([timing_marks.summary_flags(r) for r in runs]),
         })
     return sorted(out, key=lambda r: (*(str(r[k]) for k in IDENTITY), r["request_rate"] is not None,
                                       r["request_rate"] or 0, r["method"] != "ar", r["method"], r["speculation"],
@@ -104,12 +106,15 @@ def serving_markdown(combined: list[dict]) -> str:
         tables.setdefault(tuple(r[k] for k in IDENTITY), []).append(r)
     for ident, rows in tables.items():
         out += [f"## {', '.join(f'{k} {v}' for k, v in zip(IDENTITY, ident))}", "", serving_table(rows), ""]
+        note = timing_marks.footnote(rows, lambda r: f"{r['method']} B={r['batch_size']}")
+        if note:
+            out += [note + ".", ""]
     return "\n".join(out)
 
 
 def serving_table(combined: list[dict]) -> str:
     """The table of combined serving runs (combine), as printed after a run and written to serving.md."""
-    body = [[r["method"], r["speculation"], r["batch_size"],
+    body = [[timing_marks.marked(r["method"], r.get("timing_flags")), r["speculation"], r["batch_size"],
              f"{r['request_rate']:g}" if r["request_rate"] else "-", r["rounds"], f"{r['throughput']:.1f}",
              speedup_cell(r), "-" if r["ci95"] is None else f"{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}",
              f"{r['mat']:.2f}", f"{r['rows_per_step']:.1f}",

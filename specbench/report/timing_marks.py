@@ -31,6 +31,19 @@ def timing_flags(records: list[dict], baseline: list[dict]) -> list[str]:
     return flags
 
 
+def summary_flags(summary: dict) -> list[str]:
+    """The flags of a run timed in one process (a serving run: each side one timed section), from its
+    summary's `timing`."""
+    timing = summary.get("timing") or {}
+    flags = []
+    n = (timing.get("contended") or 0) + (timing.get("baseline_contended") or 0)
+    if n:
+        flags.append(f"{n} timed side(s) under other load")
+    if timing.get("exclusive") is False:
+        flags.append("timed on a shared device (timing.exclusive=false)")
+    return flags
+
+
 def merged(flag_lists: list[list[str]]) -> list[str]:
     """Repeated runs' flags as one list (each reason once, in first-seen order)."""
     out: list[str] = []
