@@ -1,17 +1,29 @@
-"""Drafting cost per step of the retrieval drafters at a given context length (not a test).
+"""A drafter's own host time per decoding step, `propose` and `observe` apart (not a test).
 
-    python scripts/bench_drafting.py --context 2048 [--questions question.jsonl]
+    python scripts/bench_drafting.py [--methods tr_fused,pld,suffix] [--temperatures 0,0.7] [--tokens 128]
+    python scripts/bench_drafting.py --lookup --context 2048 [--sweep]
 
-The context is real text: Spec-Bench questions tokenized with the embedded model's tokenizer and
-concatenated up to --context tokens. Times `propose` (PLD's n-gram search over the whole context,
-REST's suffix-array lookup and trie) per call, median of --repeats calls; with --sweep it also
-prints how the cost grows with the context length.
+The default replays real decoding: the embedded SmolLM2-135M decodes Spec-Bench's first question of
+each subtask (the test sample, or SPECBENCH_QUESTIONS) with each method, as a run does (the engine,
+the run's cost curve for this machine and forward, the position-keyed sampler at T > 0, the drafter
+hot across questions after one warm-up question that is not counted). Every `propose` and `observe`
+call the engine makes is timed around the drafter's own code; the table gives the mean ms per step
+of each, their sum, and the median of the sum. A coupled drafter (tr_adaptive, tr_fused at T > 0) reads
+the sampler's position-keyed noise rows inside `propose`: rows the verifier draws for the same positions
+anyway and then finds drawn, so the cost moves rather than adds; the table shows it apart. The forward is eager unless --compiled; the drafter's
+inputs (tokens, the verified rows' logits) are the same either way.
+
+`--lookup` times `propose` alone at a fixed context of real text (PLD's n-gram search over the whole
+context, REST's suffix-array lookup and trie) and, with --sweep, how it grows with the context.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -19,12 +31,111 @@ from pathlib import Path
 
 import torch
 
+from specbench.decoding.engine import Engine
+from specbench.decoding.sampling import PositionSampler
 from specbench.draft import DecodeState
-from specbench.inputs.models import load_model, named_model_config
-from specbench.registry import build_drafter
-from specbench.inputs.tasks import MINI, load_jsonl_questions
+from specbench.drafter import Target
+from specbench.inputs.chat import prompt_ids
+from specbench.inputs.models import eos_token_ids, load_model, named_model_config
+from specbench.inputs.tasks import MINI, load_jsonl_questions, select_per_subtask
+from specbench.registry import build_drafter, drafter_class
+from specbench.speculation.cost import curve_for
 
 ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "tests" / "fixtures" / "spec_bench_sample.jsonl"
+
+
+def timed_calls(drafter, times: dict[str, list[float]], profiler=None) -> None:
+    """Time every `propose` and `observe` the engine makes on `drafter` into `times` (and profile
+    them with `profiler`); an instance attribute, so the drafter's class and capabilities stay what
+    the engine checks."""
+    for name in ("propose", "observe"):
+        inner = getattr(drafter, name)
+
+        def call(arg, inner=inner, into=times[name]):
+            if profiler is not None:
+                profiler.enable()
+            t0 = time.perf_counter()
+            out = inner(arg)
+            into.append(time.perf_counter() - t0)
+            if profiler is not None:
+                profiler.disable()
+            return out
+
+        setattr(drafter, name, call)
+
+
+def timed_noise(sampler, into: list[float]) -> None:
+    """Time the noise rows a drafter reads from the sampler (`noise_row`, which only drafters call): rows
+    the verifier would draw for the same positions anyway, and then finds drawn."""
+    inner = sampler.noise_row
+
+    def call(position, vocab):
+        t0 = time.perf_counter()
+        out = inner(position, vocab)
+        into.append(time.perf_counter() - t0)
+        return out
+
+    sampler.noise_row = call
+
+
+def replay(method: str, temperature: float, model, engine, curve, questions, max_new: int, profiler=None) -> dict:
+    """Decode every question with one hot drafter, the first untimed; ms per step of its calls."""
+    sampler = PositionSampler(temperature, seed=0) if temperature > 0 else None
+    target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=model.device, model=model,
+                    model_name="smollm2-135m", dtype_name="float32", hardware_curve=curve, sampler=sampler)
+    cls = drafter_class(method)
+    drafter = cls(target, cls.Settings())
+    times: dict[str, list[float]] = {"propose": [], "observe": [], "noise": []}
+    steps = tokens = 0
+    for i, (qid, ids) in enumerate(questions):
+        if sampler is not None:
+            sampler.bind(qid, 0)
+        drafter.start_question()
+        if i == 1:  # the warm-up question is done: count from here
+            timed_calls(drafter, times, profiler)
+            if sampler is not None:
+                timed_noise(sampler, times["noise"])
+        out = engine.generate(list(ids), drafter, max_new, sampler)
+        if i >= 1:
+            steps += len(out.accept_lengths)
+            tokens += len(out.tokens)
+    per_step = [p + o for p, o in zip(times["propose"], times["observe"])]
+    return {"method": method, "temperature": temperature, "steps": steps, "mat": tokens / max(steps, 1),
+            "propose_ms": 1e3 * sum(times["propose"]) / max(steps, 1),
+            "observe_ms": 1e3 * sum(times["observe"]) / max(steps, 1),
+            "noise_ms": 1e3 * sum(times["noise"]) / max(steps, 1),
+            "total_ms": 1e3 * sum(per_step) / max(steps, 1),
+            "median_ms": 1e3 * statistics.median(per_step) if per_step else 0.0}
+
+
+def replay_all(args) -> list[dict]:
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
+    engine = Engine(model, eos_token_ids(model, tok), compiled=args.compiled)
+    curve = curve_for(model, "smollm2-135m", "float32", engine=engine)
+    path = args.questions or SAMPLE
+    picked = select_per_subtask(load_jsonl_questions(path), 1)
+    questions = [(q.question_id, prompt_ids(tok, [{"role": "user", "content": q.turns[0]}])) for q in picked]
+    rows = []
+    print("| method | T | steps | MAT | propose ms/step | of which noise rows | observe ms/step | total ms/step "
+          "| total less noise rows | median total ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    profiles = []
+    for temperature in args.temperatures:
+        for method in args.methods:
+            profiler = cProfile.Profile() if args.profile else None
+            r = replay(method, temperature, model, engine, curve, questions, args.tokens, profiler)
+            rows.append(r)
+            print(f"| {method} | {temperature:g} | {r['steps']} | {r['mat']:.2f} | {r['propose_ms']:.3f} | "
+                  f"{r['noise_ms']:.3f} | {r['observe_ms']:.3f} | {r['total_ms']:.3f} | "
+                  f"{r['total_ms'] - r['noise_ms']:.3f} | {r['median_ms']:.3f} |", flush=True)
+            if profiler is not None:
+                out = io.StringIO()
+                pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile)
+                profiles.append(f"## {method} T={temperature:g}: the drafter's calls by own time\n{out.getvalue()}")
+    print("\n".join(profiles))
+    return rows
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -37,17 +148,9 @@ def median_ms(fn, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--context", type=int, default=2048)
-    ap.add_argument("--questions", default=None, help="question.jsonl (default: the built-in mini set)")
-    ap.add_argument("--repeats", type=int, default=200)
-    ap.add_argument("--sweep", action="store_true", help="also 256, 512, 1024, ... up to --context")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-
-    mcfg = named_model_config("smollm2-135m")
-    model, tok = load_model(mcfg, torch.device("cpu"), torch.float32)
+def lookup(args) -> dict:
+    """`propose` alone of PLD and REST at fixed contexts of real text."""
+    model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
     qs = load_jsonl_questions(args.questions) if args.questions else list(MINI)
     ids: list[int] = []
     while len(ids) < args.context:
@@ -65,6 +168,27 @@ def main(argv=None) -> int:
         row = {name: median_ms(lambda d=d: d.propose(state), args.repeats) for name, d in drafters.items()}
         res["ms_per_propose"][n] = row
         print(f"context {n:5d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row.items()))
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", default="tr_fused,pld,suffix", type=lambda s: s.split(","))
+    ap.add_argument("--temperatures", default="0,0.7", type=lambda s: [float(t) for t in s.split(",")])
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens per question")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the done-when's: one)")
+    ap.add_argument("--compiled", action="store_true", help="the compiled forward (default: eager)")
+    ap.add_argument("--questions", default=None, help="question.jsonl (default: the tests' Spec-Bench sample)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile the drafter's calls and print the N functions with the most own time "
+                         "(the timings then include the profiler's overhead)")
+    ap.add_argument("--lookup", action="store_true", help="time propose alone at a fixed context (PLD, REST)")
+    ap.add_argument("--context", type=int, default=2048, help="--lookup: the context length")
+    ap.add_argument("--repeats", type=int, default=200, help="--lookup: calls per figure")
+    ap.add_argument("--sweep", action="store_true", help="--lookup: also 256, 512, 1024, ... up to --context")
+    ap.add_argument("--out", default=None, help="the figures as JSON")
+    args = ap.parse_args(argv)
+    res = lookup(args) if args.lookup else replay_all(args)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     return 0

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 from specbench.errors import SpecbenchError
-from specbench.methods.rest.datastore import build_datastore, require_divsufsort, vocab_sha256
+from specbench.drafting.datastore import build_datastore, require_divsufsort, vocab_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ from specbench.inputs.models import load_model, named_model_config
 from specbench.inputs.tasks import load_jsonl_questions
 from specbench.markdown import markdown_table
 from specbench.methods.suffix.drafter import ArcticTrees, arctic_problem
-from specbench.methods.suffix.tree import SuffixTrees
+from specbench.drafting.suffix_tree import SuffixTrees
 from specbench.run.results_io import read_jsonl
 
 # (name, max_depth, max_cached, max_tokens, factor, offset, min_prob, use_tree): SuffixTrees' arguments

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train an EAGLE draft head (eagle_head.py) for a frozen model on its own answers.
+"""Train an EAGLE draft head (specbench/methods/eagle/head.py) for a frozen model on its own answers.
 
 1. data: a self-distilled chat corpus, the model's greedy answers to prompts that are in no benchmark
    (scripts/make_rest_corpus.py makes it from the head trainers' prompts, specbench/tools/training_data.py; the embedded model's ships

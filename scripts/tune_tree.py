@@ -10,7 +10,7 @@
     python scripts/tune_tree.py results/calibration/tr --out data/trees/smollm2-135m-cpu.json
     python run.py method=tr method.tree=data/trees/smollm2-135m-cpu.json
 
-The math is in specbench/methods/tr/tuning.py: node probabilities from the run's counts (and,
+The math is in specbench/drafting/template_tuning.py: node probabilities from the run's counts (and,
 beyond its template, from pooled per-depth, per-rank conditional rates), greedy growth, the best
 prefix under t(w) + per-step overhead. The overhead (work per step the cost curve does not see:
 drafting, verification, KV compaction) is estimated from the run's own timings unless given.
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from specbench.run.metrics import sum_statistics
 from specbench.speculation.cost import CostCurve
-from specbench.methods.tr.base import load_tree_template
-from specbench.methods.tr.tuning import trim_template, tune_template
+from specbench.drafting.recycling import load_tree_template
+from specbench.drafting.template_tuning import trim_template, tune_template
 
 ROOT = Path(__file__).resolve().parents[1]
 

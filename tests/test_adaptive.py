@@ -267,7 +267,7 @@ def test_coupled_expansion_ranks_first_the_token_the_target_samples():
     ranks are the row's remaining candidates, and the noise read per candidate is the row's."""
     import numpy as np
     from specbench.decoding.sampling import PositionSampler, gumbel_noise
-    from specbench.methods.tr.adaptive import coupled_expansion
+    from specbench.drafting.recycling import coupled_expansion
 
     vocab, k = 300, 6
     torch.manual_seed(0)
@@ -282,8 +282,8 @@ def test_coupled_expansion_ranks_first_the_token_the_target_samples():
     inside = 0
     for position in range(120):
         root = (7 * position) % vocab
-        noise = [sampler.noise_row(position + d, vocab) for d in range(len(tr._host_levels))]
-        tokens, conf = coupled_expansion(matrix, probs, tr._host_levels, root, noise, 0.7)
+        noise = [sampler.noise_row(position + d, vocab) for d in range(len(tr.source.host_levels))]
+        tokens, conf = coupled_expansion(matrix, probs, tr.source.host_levels, root, noise, 0.7)
         assert sorted(tokens[1:4].tolist()) == sorted(set(tokens[1:4].tolist()))  # three distinct candidates
         assert set(tokens[1:4].tolist()) <= set(matrix[root].tolist())
         assert conf.min() >= 0 and conf.max() <= 1

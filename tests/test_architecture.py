@@ -35,10 +35,11 @@ LAYERS = {
     "specbench.inputs": 1,
     "specbench.decoding": 2,
     "specbench.speculation": 3,
-    "specbench.methods": 4,
-    "specbench.run": 5,
-    "specbench.report": 6,
-    "specbench.main": 7,
+    "specbench.drafting": 4,
+    "specbench.methods": 5,
+    "specbench.run": 6,
+    "specbench.report": 7,
+    "specbench.main": 8,
 }
 # Beside the layers: may import anything below run/; nothing in specbench/ imports it (scripts and tests do).
 TOOLS = "specbench.tools"
@@ -51,12 +52,13 @@ KNOWN_VIOLATIONS = {
     ("specbench.registry", "specbench.methods"),
 }
 
-# What a method may import: the draft types, the drafter protocol, registration, the errors,
-# speculation and decoding utilities, and other methods' modules.
+# What a method may import: the draft types, the drafter protocol, registration, the errors, the
+# drafting library, speculation and decoding utilities, and its own package's modules (the next rule).
 # inputs.models too: a method that loads a model of its own (SpS's draft) or checks a datastore's
 # tokenizer (REST) does so through the loaders every run uses, never through the run's settings
 METHOD_MAY_IMPORT = ("specbench.draft", "specbench.drafter", "specbench.registry", "specbench.errors",
-                     "specbench.speculation", "specbench.decoding", "specbench.methods", "specbench.inputs.models")
+                     "specbench.drafting", "specbench.speculation", "specbench.decoding", "specbench.methods",
+                     "specbench.inputs.models")
 KNOWN_METHOD_IMPORTS: set = set()
 
 # The run's settings: these modules, and these records of specbench.config, are read only inside run/
@@ -211,6 +213,28 @@ def test_methods_import_only_the_drafter_interface_speculation_and_decoding():
     assert not new, "a method imports outside the drafter interface, speculation and decoding:\n" + described(new)
     gone = KNOWN_METHOD_IMPORTS - bad
     assert not gone, f"fixed, so remove from KNOWN_METHOD_IMPORTS: {sorted(gone)}"
+
+
+def method_package(module: str) -> str | None:
+    """The method package a module belongs to (`specbench.methods.tr` for `specbench.methods.tr.fused`,
+    `specbench.methods.pld` for itself), or None outside methods/ and for the package's own __init__."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if len(parts) >= 3 and parts[:2] == ["specbench", "methods"] else None
+
+
+def test_methods_never_import_one_another():
+    """What two methods share lives in specbench/drafting/; a method package imports only its own modules."""
+    bad = {(a, b) for a, b in graph()
+           if method_package(a) and method_package(b) and method_package(a) != method_package(b)}
+    assert not bad, "a method imports another method (move the shared piece to specbench/drafting/):\n" + described(bad)
+
+
+def test_the_method_rule_sees_a_sideways_import():
+    """The rule above would pass on a reader that found nothing: it names both sides of a real pair."""
+    assert method_package("specbench.methods.tr.fused") == "specbench.methods.tr"
+    assert method_package("specbench.methods.pld") == "specbench.methods.pld"
+    assert method_package("specbench.methods") is None
+    assert ("specbench.methods.tr.fused", "specbench.methods.tr.adaptive") in graph()  # within a package: allowed
 
 
 def test_only_run_reads_the_run_settings():

@@ -59,7 +59,7 @@ def test_tr_matrix_update_is_deterministic_on_cuda():
     rows = []
     for _ in range(3):
         tr = TokenRecycling(vocab_size=11, device="cuda", k=2, tree=[[2], [1, 1]])
-        tr._write(tokens, logits)
+        tr.source.write(tokens, logits)
         rows.append(tr.matrix.clone())
     assert all(torch.equal(r, rows[0]) for r in rows)
     assert torch.equal(rows[0][3], logits[3].topk(2).indices.int())

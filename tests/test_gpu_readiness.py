@@ -137,7 +137,7 @@ def test_matrix_rows_come_from_each_tokens_last_row_in_any_write_order(method):
         tokens = torch.tensor([3, 5, 3, 3])
         logits = torch.randn(4, 11, generator=torch.Generator().manual_seed(0))
         with ReversedDuplicateWrites():
-            drafter._write(tokens, logits)
+            drafter.source.write_rows(tokens, logits)
     finally:
         torch.use_deterministic_algorithms(False)
     want = logits[3].topk(2).indices.int()

@@ -16,7 +16,8 @@ from specbench.methods.medusa.drafter import Medusa
 from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.drafter import reads_hidden_states
 from specbench.decoding.engine import Engine
-from specbench.methods.medusa.heads import (DEFAULT_HEADS, MedusaHeads, MedusaHeadsError, ResBlock, load_choices, load_heads, resolve_heads_dir, save_heads, tree_from_choices)
+from specbench.drafting.choices import ChoicesError, load_choices, tree_from_choices
+from specbench.methods.medusa.heads import (DEFAULT_HEADS, MedusaHeads, MedusaHeadsError, ResBlock, load_heads, resolve_heads_dir, save_heads)
 from specbench.registry import build_drafter
 from specbench.draft import DraftTree
 from specbench.decoding.verify import accept_path
@@ -112,9 +113,9 @@ def test_tree_from_choices_by_hand():
     assert t.tree.depths.tolist() == [0, 1, 1, 2, 2, 2, 3]
     assert t.heads == (0, 0, 1, 1, 1, 2) and t.ranks == (0, 1, 0, 1, 0, 0)
     assert t.topk_per_head() == [2, 2, 1]
-    with pytest.raises(MedusaHeadsError, match=r"no parent \[0, 1\]"):
+    with pytest.raises(ChoicesError, match=r"no parent \[0, 1\]"):
         tree_from_choices([[0], [0, 1, 0]])
-    with pytest.raises(MedusaHeadsError, match="unknown Medusa choices"):
+    with pytest.raises(ChoicesError, match="unknown Medusa choices"):
         load_choices("mc_sim_7b_64")
 
 

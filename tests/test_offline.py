@@ -21,7 +21,7 @@ import torch
 from specbench.errors import ModelLoadError, SettingsError, SpecbenchError
 from specbench.inputs import models
 from specbench.inputs.models import load_model, loaded_tokenizer, named_model_config
-from specbench.methods.rest.datastore import DatastoreError, build_datastore, resolve_path, vocab_sha256
+from specbench.drafting.datastore import DatastoreError, build_datastore, resolve_path, vocab_sha256
 from specbench.registry import build_drafter
 
 CPU = torch.device("cpu")

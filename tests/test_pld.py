@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench.methods.pld import PromptLookup, find_candidate
+from specbench.drafting.ngram import find_candidate
+from specbench.methods.pld import PromptLookup
 from specbench.draft import DecodeState
 from specbench.registry import build_drafter
 

@@ -34,7 +34,7 @@ def test_ar_equals_transformers_generate(real_model, prompts, ar_tokens):
 
 def test_published_tree_forward_matches_sequential(real_model, prompts):
     model, _, eos = real_model
-    from specbench.methods.tr.base import PUBLISHED_TREE
+    from specbench.drafting.recycling import PUBLISHED_TREE
 
     tree = DraftTree.from_children_counts(PUBLISHED_TREE)
     ids = prompts["qa"]

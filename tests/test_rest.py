@@ -11,7 +11,7 @@ import torch
 
 from specbench.draft import DecodeState
 from specbench.registry import build_drafter
-from specbench.methods.rest.datastore import (SEPARATOR, Datastore, DatastoreError, build_datastore, build_trie, resolve_path)
+from specbench.drafting.datastore import (SEPARATOR, Datastore, DatastoreError, build_datastore, build_trie, resolve_path)
 
 DOCS = [
     [1, 2, 3, 4, 5, 6],

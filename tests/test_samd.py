@@ -12,9 +12,9 @@ from specbench.decoding.engine import Engine
 from specbench.draft import DecodeState
 from specbench.errors import SettingsError
 from specbench.methods.ar import Autoregressive
-from specbench.methods.rest.datastore import build_datastore
-from specbench.methods.suffix.samd import SAMD_TREE, SAMDecoding
-from specbench.methods.suffix.automaton import Match, SuffixAutomaton, feed, follow
+from specbench.drafting.datastore import build_datastore
+from specbench.methods.samd import SAMD_TREE, SAMDecoding
+from specbench.drafting.suffix_automaton import Match, SuffixAutomaton, feed, follow
 from tests.test_bad_inputs import run_in_process
 
 
@@ -98,7 +98,8 @@ def propose(d, seq, step=0):
 def test_a_long_enough_match_drafts_its_continuation_else_the_tree():
     seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1, 2, 3, 4, 5]  # the root "5" ends a 5-token match
     d = SAMDecoding(vocab_size=20, max_draft=4)
-    assert d.tree.parents == SAMDecoding(vocab_size=20, tree=SAMD_TREE).tree.parents and len(d.tree) == 60
+    assert d.source.template.parents == SAMDecoding(vocab_size=20, tree=SAMD_TREE).source.template.parents
+    assert len(d.source.template) == 60
     draft = propose(d, seq)
     assert draft.tree.is_chain and draft.tokens.tolist() == [6, 7, 8, 9] and d._source == "dynamic"
     d = SAMDecoding(vocab_size=20, len_threshold=6)

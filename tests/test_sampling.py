@@ -135,7 +135,7 @@ def small_vocab_drafter(method: str, model, tmp_path):
     from specbench.speculation.cost import CostCurve
     from specbench.methods.medusa.heads import MedusaHeads, save_heads
     from specbench.registry import build_drafter
-    from specbench.methods.rest.datastore import build_datastore
+    from specbench.drafting.datastore import build_datastore
 
     tree = [[2], [1, 1]]
     kwargs = {

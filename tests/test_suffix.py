@@ -15,7 +15,7 @@ from specbench.draft import DecodeState, StepOutcome
 from specbench.errors import SettingsError
 from specbench.methods.suffix import drafter as suffix
 from specbench.methods.suffix.drafter import SuffixDecoding, arctic_problem
-from specbench.methods.suffix.tree import SuffixTrees, speculate, text_of
+from specbench.drafting.suffix_tree import SuffixTrees, speculate, text_of
 from specbench.registry import build_drafter
 
 HAVE_ARCTIC = arctic_problem() is None

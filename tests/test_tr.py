@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from specbench.methods.tr.base import TokenRecycling, top_k_rows
+from specbench.drafting.recycling import top_k_rows
+from specbench.methods.tr.base import TokenRecycling
 from specbench.draft import DecodeState, StepOutcome
 from specbench.drafter import reads_prompt_logits
 
@@ -158,7 +159,7 @@ def test_a_batched_step_teaches_the_shared_matrix_what_the_requests_would_in_tur
     and each request's counts as observing one request after another does; requests repeat tokens,
     so the later request's row must win."""
     from specbench.speculation.cost import CostCurve
-    from specbench.methods.suffix.samd import SAMDecoding
+    from specbench.methods.samd import SAMDecoding
     from specbench.methods.tr.adaptive import AdaptiveTokenRecycling
     from specbench.methods.tr.fused import FusedTokenRecycling
 
@@ -201,10 +202,10 @@ def test_a_batched_step_teaches_the_shared_matrix_what_the_requests_would_in_tur
             StepOutcome(draft=twin, root=contexts[b][-len(emitted) - 1], logits=logits, accepted=accepted,
                         bonus=emitted[-1], emitted=emitted)
             for b, (_, twin, logits, accepted, emitted) in enumerate(per_request)])
-        assert torch.equal(in_turn[0].matrix, at_once[0].matrix)
-        assert torch.equal(in_turn[0].written, at_once[0].written)
-        if hasattr(in_turn[0], "probs"):
-            assert torch.equal(in_turn[0].probs, at_once[0].probs)
+        assert torch.equal(in_turn[0].source.matrix, at_once[0].source.matrix)
+        assert torch.equal(in_turn[0].source.written, at_once[0].source.written)
+        if in_turn[0].source.probs is not None:
+            assert torch.equal(in_turn[0].source.probs, at_once[0].source.probs)
     for a, b in zip(in_turn, at_once):
         sa, sb = a.take_statistics(), b.take_statistics()
         # the root facts are read before the step's writes at once, after earlier requests' in turn

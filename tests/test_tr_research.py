@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from specbench.draft import DraftTree
-from specbench.methods.tr.base import PUBLISHED_TREE, TokenRecycling, load_tree_template
-from specbench.methods.tr.tuning import (best_prefix, children_counts_of, grow, probability_model, rank_paths, trim_template, tune_template)
+from specbench.drafting.recycling import PUBLISHED_TREE, load_tree_template
+from specbench.methods.tr.base import TokenRecycling
+from specbench.drafting.template_tuning import (best_prefix, children_counts_of, grow, probability_model, rank_paths, trim_template, tune_template)
 from specbench.report import collect, plots, tables
 
 ROOT = Path(__file__).resolve().parents[1]

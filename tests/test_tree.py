@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specbench.methods.tr.base import PUBLISHED_TREE
+from specbench.drafting.recycling import PUBLISHED_TREE
 from specbench.draft import DraftTree
 from specbench.decoding.masks import tree_attention_mask
 

@@ -160,15 +160,7 @@ class Lookahead(Drafter):
 
     def __init__(self, target=None, settings: LookaheadSettings | None = None, **values):
         super().__init__(target, settings, **values)
-        s = self.settings
-        N, W, G = int(s.N), int(s.W), int(s.G)
-        merge_candidates, pool, prompt_ngrams, seed = s.merge_candidates, s.pool, s.prompt_ngrams, s.seed
-        self.N, self.W, self.G = N, W, G
-        self.merge_candidates = bool(merge_candidates)
-        self.pool_lifetime = pool
-        self.prompt_ngrams = bool(prompt_ngrams)
-        self.seed = int(seed)
-        self.pool = NgramPool(G)
+        self.pool = NgramPool(self.settings.G)
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------
@@ -181,23 +173,23 @@ class Lookahead(Drafter):
                       "stand_in_accepted": 0}
 
     def start_question(self) -> None:
-        if self.pool_lifetime != "run":
+        if self.settings.pool != "run":
             self.pool.clear()
         self.levels = None
 
     def _start_turn(self, state: DecodeState) -> None:
-        if self.pool_lifetime == "turn":
+        if self.settings.pool == "turn":
             self.pool.clear()
         prompt = state.tokens[: state.prompt_len].tolist() or state.tokens.tolist()
-        rng = random.Random(self.seed)
-        cols = self.W + self.N - 2  # root + W + N - 3 prompt tokens, as the original's warm-up starts
+        rng = random.Random(self.settings.seed)
+        cols = self.settings.W + self.settings.N - 2  # root + W + N - 3 prompt tokens, as the original's warm-up starts
         self.levels = [[0] + [rng.choice(prompt) for _ in range(cols - 1)]]
         self._fed = 0
         self._pending = None
 
     def _feed_sequence(self, tokens: torch.Tensor) -> None:
         """Every N-gram of the sequence not fed yet goes into the pool (key = its first token)."""
-        n = self.N
+        n = self.settings.N
         start = max(0, self._fed - n + 1)
         seq = tokens[start:].tolist()
         for s in range(len(seq) - n + 1):
@@ -209,12 +201,12 @@ class Lookahead(Drafter):
         if state.step == 0 or self.levels is None:
             self._start_turn(state)
         root = int(state.tokens[-1])
-        if self.prompt_ngrams:
+        if self.settings.prompt_ngrams:
             self._feed_sequence(state.tokens)
         self.levels[0][0] = root
         levels, cols = len(self.levels), len(self.levels[0])
 
-        tokens, parents = candidate_tree(self.pool.get(root), self.merge_candidates)
+        tokens, parents = candidate_tree(self.pool.get(root), self.settings.merge_candidates)
         stand_in = not tokens
         if stand_in:  # see the module docstring: the window's guess for the next position
             tokens, parents = [self.levels[1][0] if levels > 1 else self.levels[0][1 % cols]], [0]
@@ -243,7 +235,7 @@ class Lookahead(Drafter):
             self.stats["stand_in_accepted"] += 1
         preds = outcome.logits[top_level_rows(levels, cols, n_tree)].argmax(dim=-1).tolist()
 
-        if levels < self.N - 1:  # warm-up: one level more, one column less
+        if levels < self.settings.N - 1:  # warm-up: one level more, one column less
             self.levels = [lv[1:] for lv in self.levels] + [preds[1:]]
         else:  # full window: one n-gram per column, then every level moves down one
             for c in range(cols):

@@ -121,8 +121,6 @@ class SpeculativeSampling(Drafter):
             if vocab != target_vocab:
                 raise SettingsError(f"method.draft={s.draft} has a vocabulary of {vocab} tokens, the target "
                                     f"{target_vocab}: SpS needs a draft with the target's tokenizer")
-        self.gamma = int(s.gamma)
-        self.coupled = bool(s.coupled)
         self.sampler = getattr(self.target, "sampler", None)
         self.start_question()
 
@@ -146,7 +144,7 @@ class SpeculativeSampling(Drafter):
 
     def _choose(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         """The draft's token after the row at absolute `position`, shape (1,), on the model's device."""
-        if self.coupled and self.sampler is not None:
+        if self.settings.coupled and self.sampler is not None:
             return self.sampler(logits, torch.tensor([position]))  # host positions, as the engine's
         return logits.argmax(dim=-1)
 
@@ -158,12 +156,12 @@ class SpeculativeSampling(Drafter):
         logits = self._next_logits(tokens[self._cache.get_seq_length():])
         root = tokens.numel() - 1  # the root's position: the target chooses the first draft token's slot there
         chain = []
-        for i in range(self.gamma):
+        for i in range(self.settings.gamma):
             chain.append(self._choose(logits, root + i))
-            if i + 1 < self.gamma:  # the last draft token is fed only if it is accepted (next proposal)
+            if i + 1 < self.settings.gamma:  # the last draft token is fed only if it is accepted (next proposal)
                 logits = self._next_logits(chain[-1])
         self._root_end = tokens.numel()
-        return Draft(tokens=torch.cat(chain), tree=DraftTree.chain(self.gamma))
+        return Draft(tokens=torch.cat(chain), tree=DraftTree.chain(self.settings.gamma))
 
     def observe(self, outcome: StepOutcome) -> None:
         # The cache holds the sequence up to the root, then draft tokens 1 .. gamma-1: keep the accepted

@@ -20,8 +20,8 @@ from specbench.decoding.transfers import to_device
 from specbench.draft import DraftTree, DecodeState, Draft, StepOutcome
 from specbench.drafter import Drafter, ReadsHiddenStates
 from specbench.errors import SettingsError
+from specbench.drafting.choices import load_choices, tree_from_choices
 from specbench.methods.eagle.head import EagleHeadError, HeadCache, check_head_dir, load_head, resolve_head_dir
-from specbench.methods.medusa.heads import load_choices, tree_from_choices
 from specbench.registry import register
 
 TREES = ("dynamic", "static")

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
-from specbench.methods.medusa.checkpoint import CONFIG_FILE, CheckpointKind
+from specbench.drafting.checkpoint import CONFIG_FILE, CheckpointKind
 
 ROOT = Path(__file__).resolve().parents[3]
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # ours; the published heads ship the .bin

@@ -1,1 +1,1 @@
-"""Medusa: the drafter, its heads and their checkpoint format (shared with EAGLE)."""
+"""Medusa: the drafter and its heads (their checkpoint format, shared with EAGLE: specbench/drafting/checkpoint.py)."""

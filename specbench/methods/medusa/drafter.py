@@ -20,7 +20,8 @@ from specbench.decoding.transfers import to_device
 from specbench.decoding.verify import TreeTensors
 from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.drafter import Drafter, OverridesTargets, ReadsHiddenStates
-from specbench.methods.medusa.heads import (MedusaHeadsError, check_heads_dir, load_choices, load_heads, resolve_heads_dir, tree_from_choices)
+from specbench.drafting.choices import load_choices, tree_from_choices
+from specbench.methods.medusa.heads import MedusaHeadsError, check_heads_dir, load_heads, resolve_heads_dir
 from specbench.registry import register
 
 

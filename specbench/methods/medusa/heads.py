@@ -1,4 +1,4 @@
-"""Medusa heads (Cai et al. 2024, FasterDecoding/Medusa): the module, checkpoint I/O, tree from choices.
+"""Medusa heads (Cai et al. 2024, FasterDecoding/Medusa): the module and its checkpoint I/O.
 
 A head k reads the base model's last hidden state h_t (after the final norm, the input of lm_head)
 and predicts the token at t+k+2, i.e. k+1 tokens past the base model's own next token:
@@ -23,12 +23,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.draft import DraftTree
 from specbench.errors import SpecbenchError
-from specbench.methods.medusa.checkpoint import CONFIG_FILE, CheckpointKind
+from specbench.drafting.checkpoint import CONFIG_FILE, CheckpointKind
 
 ROOT = Path(__file__).resolve().parents[3]
-TREES_FILE = ROOT / "data" / "medusa" / "medusa_trees.json"
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")  # ours; the published heads ship the .pt
 
 # method.heads=default: heads shipped with the repository for the embedded model; for Vicuna v1.3
@@ -212,70 +210,3 @@ def resolve_heads_dir(heads: str | os.PathLike | None, model_name: str | None,
     """`default` (the heads for this model), a local directory, or a Hugging Face hub id (fetched;
     None for one when not `download`)."""
     return CHECKPOINT.resolve(heads, model_name, download)
-
-
-# ---- the tree: Medusa's choices lists ----
-
-
-@dataclass(frozen=True)
-class ChoicesTree:
-    """A Medusa tree. Node i+1 takes rank `ranks[i]` of head `heads[i]`'s top-k (head = depth - 1)."""
-
-    tree: DraftTree
-    heads: tuple[int, ...]
-    ranks: tuple[int, ...]
-
-    @property
-    def depth(self) -> int:
-        return self.tree.max_depth
-
-    def topk_per_head(self) -> list[int]:
-        """How many top tokens each head must supply (max rank + 1 at its depth)."""
-        k = [0] * self.depth
-        for h, r in zip(self.heads, self.ranks):
-            k[h] = max(k[h], r + 1)
-        return k
-
-
-def tree_from_choices(choices) -> ChoicesTree:
-    """A choice is a path of per-head top-k ranks from the root: [0, 2] = head 0's top-1, then
-    head 1's top-3 under it. Nodes are ordered as Medusa orders them (by depth, then by path), so
-    every parent precedes its children; every prefix of a choice must itself be a choice."""
-    paths = [tuple(int(r) for r in c) for c in choices]
-    if not paths:
-        raise MedusaHeadsError("Medusa choices list is empty")
-    if len(set(paths)) != len(paths):
-        raise MedusaHeadsError("Medusa choices list repeats a path")
-    for p in paths:
-        if not p or min(p) < 0:
-            raise MedusaHeadsError(f"Medusa choice {list(p)} must be a non-empty path of ranks >= 0")
-    ordered = sorted(paths, key=lambda p: (len(p), p))
-    node_of = {p: i + 1 for i, p in enumerate(ordered)}
-    parents = []
-    for p in ordered:
-        if len(p) > 1 and p[:-1] not in node_of:
-            raise MedusaHeadsError(f"Medusa choice {list(p)} has no parent {list(p[:-1])} in the list")
-        parents.append(node_of[p[:-1]] if len(p) > 1 else 0)
-    return ChoicesTree(DraftTree(parents), tuple(len(p) - 1 for p in ordered), tuple(p[-1] for p in ordered))
-
-
-def load_choices(spec) -> list[list[int]]:
-    """A tree name from data/medusa/medusa_trees.json, a JSON file, or an inline list of paths."""
-    if isinstance(spec, (str, Path)):
-        named = json.loads(TREES_FILE.read_text())
-        if str(spec) in named and not str(spec).startswith("_"):
-            return named[str(spec)]
-        path = Path(spec)
-        if not path.is_file():
-            names = [k for k in named if not k.startswith("_")]
-            raise MedusaHeadsError(f"unknown Medusa choices '{spec}': give one of {', '.join(names)}, "
-                                   f"a JSON file, or an inline list of rank paths")
-        try:
-            spec = json.loads(path.read_text())
-        except ValueError as e:
-            raise MedusaHeadsError(f"Medusa choices file '{path}' is not valid JSON ({e})") from None
-    try:
-        return [[int(r) for r in c] for c in spec]
-    except (TypeError, ValueError):
-        raise MedusaHeadsError(f"method.choices must be a list of rank paths like [[0], [0, 1]], "
-                               f"got {spec!r}") from None

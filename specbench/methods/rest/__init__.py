@@ -1,1 +1,1 @@
-"""REST: the drafter and its datastore (suffix arrays over a token corpus)."""
+"""REST: retrieval-based speculative decoding (its datastore: specbench/drafting/datastore.py)."""

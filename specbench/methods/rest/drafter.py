@@ -19,7 +19,7 @@ from specbench.drafter import Drafter
 from specbench.errors import SettingsError
 from specbench.registry import register
 from specbench.inputs.models import loaded_tokenizer
-from specbench.methods.rest.datastore import (TRIE_RULES, Datastore, DatastoreError, check_tokenizer, open_datastore, resolve_path, vocab_sha256)
+from specbench.drafting.datastore import (TRIE_RULES, Datastore, DatastoreError, check_tokenizer, open_datastore, resolve_path, vocab_sha256)
 from specbench.draft import DraftTree
 
 
@@ -56,11 +56,8 @@ class Rest(Drafter):
 
     def __init__(self, target=None, settings: RestSettings | None = None, **values):
         super().__init__(target, settings, **values)
-        s, vocab_size = self.settings, self.target.vocab_size
-        datastore, num_draft, trie = s.datastore, s.num_draft, s.trie
-        max_token_span, min_token_span, max_matches = s.max_token_span, s.min_token_span, s.max_matches
-        continuation_len = s.continuation_len
-        self.store = Datastore(resolve_path(datastore))
+        vocab_size = self.target.vocab_size
+        self.store = Datastore(resolve_path(self.settings.datastore))
         # the ids must be this tokenizer's: a store for SmolLM2 fits Gemma-3's larger vocabulary too
         tokenizer = loaded_tokenizer(self.target.model)
         check_tokenizer(self.store.path, self.store.meta, self.target.model_name,
@@ -74,9 +71,6 @@ class Rest(Drafter):
                 f"smollm2-135m; build one for this model with scripts/build_rest_datastore.py and pass "
                 f"method.datastore=<dir>"
             )
-        self.params = dict(max_span=int(max_token_span), min_span=int(min_token_span),
-                           max_matches=int(max_matches), continuation_len=int(continuation_len),
-                           num_draft=int(num_draft), trie=str(trie))
 
     @classmethod
     def check_settings(cls, params: dict, target: dict) -> dict:
@@ -95,8 +89,10 @@ class Rest(Drafter):
         return {"datastore": path.name, "datastore_tokens": meta.get("n_tokens")}
 
     def propose(self, state: DecodeState) -> Draft | None:
-        span = self.params["max_span"]
-        hit = self.store.search(state.tokens[-span:].tolist(), **self.params)
+        s = self.settings
+        hit = self.store.search(state.tokens[-s.max_token_span :].tolist(), max_span=s.max_token_span,
+                                min_span=s.min_token_span, max_matches=s.max_matches,
+                                continuation_len=s.continuation_len, num_draft=s.num_draft, trie=s.trie)
         if hit is None:
             return None
         prefixes, parents, _ = hit

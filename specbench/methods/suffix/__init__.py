@@ -1,2 +1,1 @@
-"""Suffix structures and the methods that draft from them: Suffix Decoding (suffix trees) and
-SAM-Decoding (suffix automata)."""
+"""Suffix Decoding, as vLLM ships it (its suffix trees: specbench/drafting/suffix_tree.py)."""

@@ -22,7 +22,7 @@ import torch
 from specbench.draft import DraftTree, DecodeState, Draft, StepOutcome
 from specbench.drafter import Drafter
 from specbench.errors import SettingsError
-from specbench.methods.suffix.tree import Speculation, SuffixTrees
+from specbench.drafting.suffix_tree import Speculation, SuffixTrees
 from specbench.registry import register
 
 BACKENDS = ("auto", "arctic", "python")

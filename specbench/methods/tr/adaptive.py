@@ -16,7 +16,7 @@ from specbench.speculation.cost import StepTimes, load_curve_file, resolve_curve
 from specbench.draft import DecodeState, Draft
 from specbench.errors import SettingsError
 from specbench.speculation.goodput import (AcceptanceStats, PooledRateTable, RateTable, check_decay, choose_nodes,
-                                           counterfactual_path, path_probabilities, prior_probabilities,
+                                           counterfactual_path, prior_probabilities,
                                            subtree_parents)
 from specbench.registry import register
 from specbench.decoding.transfers import HostCopy, on_host, to_device
@@ -24,41 +24,15 @@ from specbench.draft import DraftTree
 from specbench.methods.tr.base import TokenRecycling, TRSettings
 
 
-def coupled_expansion(matrix: np.ndarray, probs: np.ndarray, levels, root: int, noise: list[np.ndarray],
-                      temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    """TR's template expanded with each parent's candidates in the order of the target's own draw.
-
-    The target samples argmax(log p / T + g) with Gumbel noise g keyed by the row's absolute position
-    (decoding/sampling.py). A matrix row holds a token's top-k candidates and their probabilities p
-    when recycled; below a parent at depth d the noise of the parent's row, `noise[d]` (vocabulary-wide),
-    is known, so the candidates are sorted by log p / T + g (Gumbel-top-k: a draw without replacement
-    from the recycled distribution, coupled to the target's draw). Rank 0 is then the token the target
-    samples whenever the recycled row is this position's and the sample lies in the top k. Its
-    confidence is the chance of that given the row: no token outside the top k beats its score,
-    exp(-Z_tail e^-s), with the tail's tempered mass Z_tail bounded by (1 - sum p) p_min^(1/T - 1);
-    the other ranks keep their recycled probability.
-
-    matrix, probs: (vocab, k); levels: per depth, (node ids, their parents' ids, their sibling ranks),
-    as TokenRecycling._host_levels. Returns (tokens, confidences), one per template node, root first."""
-    size = 1 + sum(len(idx) for idx, _, _ in levels)
-    tokens = np.empty(size, dtype=np.int64)
-    conf = np.ones(size, dtype=np.float32)
-    tokens[0] = root
-    inv_t = 1.0 / temperature
-    # an unwritten row has probability 0: score -inf, confidence 0 (masked below)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        for d, (idx, parent, rank) in enumerate(levels):
-            src = tokens[parent]
-            cand, p = matrix[src], probs[src]  # (nodes at this depth, k)
-            score = np.log(p) * inv_t + noise[d][cand]
-            rows = np.arange(len(idx))
-            pick = np.argsort(-score, axis=1, kind="stable")[rows, rank]
-            tokens[idx] = cand[rows, pick]
-            c = p[rows, pick]
-            tail = np.maximum(1.0 - p.sum(axis=1), 0.0) * p.min(axis=1) ** (inv_t - 1.0)
-            win = np.exp(-np.exp(np.log(tail) - score[rows, pick]))  # tail 0: log -inf, win 1
-            conf[idx] = np.where((rank == 0) & (c > 0), win, c)
-    return tokens, conf
+def decayed_rates(table: RateTable) -> np.ndarray:
+    """`table.rates()` as an array: the same doubles by the same formula, in numpy rather than a Python
+    loop over every cell (the table changes every step, so its cache rarely holds)."""
+    pm = table.prior_steps * table.weight
+    base = (decayed_rates(table.pool)[table.pools] if isinstance(table, PooledRateTable)
+            else np.asarray(table.prior))
+    hits, trials = np.asarray(table.hits), np.asarray(table.trials)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(trials + pm > 0, (hits + pm * base) / (trials + pm), base)
 
 
 @dataclass
@@ -73,15 +47,15 @@ class AdaptiveTRSettings(TRSettings):
     prior_per_depth: float = 0.5  # slot prior p(node) = prior_per_depth ** depth / (1 + sibling rank)
     context_buckets: bool = True  # separate statistics for roots the matrix predicted at rank 0 and the rest
     # confidence: separate rates at depth 1, 2 and 3 or more (a node below an accepted one is likelier
-    # right than its cell's rate over all depths; false: one rate at every depth, as before 2026-11-27)
+    # right than its cell's rate over all depths; false: one rate at every depth, the first design)
     depth_cells: bool = True
     # confidence: a cell with few trials leans on the rate of its confidence bin over every cell (false:
-    # on the bin's midpoint, a prior that overstates acceptance, as before 2026-11-27)
+    # on the bin's midpoint, a prior that overstates acceptance)
     pooled_prior: bool = True
     # T > 0 with confidences on the host: each node's siblings are ordered by the target's own
     # position-keyed Gumbel draw over their recycled probabilities (rank 0: the token the target would
     # sample if the recycled row were this position's), as SpS's `coupled` draws its chain; false: by
-    # probability alone, as at T = 0 (the behaviour before 2026-11-27's evening)
+    # probability alone, as at T = 0
     coupled: bool = True
 
     def __post_init__(self):
@@ -127,39 +101,35 @@ class AdaptiveTokenRecycling(TokenRecycling):
     def __init__(self, target=None, settings: AdaptiveTRSettings | None = None, **values):
         super().__init__(target, settings, **values)
         s, t = self.settings, self.target
-        cost_curve, min_gain, confidence, context_buckets = s.cost_curve, s.min_gain, s.confidence, s.context_buckets
-        half_life, prior_steps, prior_per_depth = s.half_life, s.prior_steps, s.prior_per_depth
-        hardware_curve, model, model_name, dtype_name = t.hardware_curve, t.model, t.model_name, t.dtype_name
         # method.cost_curve, else the curve the runner measured or loaded, else one for the model
-        self.curve = resolve_curve(cost_curve or hardware_curve, model, model_name, dtype_name)
+        self.curve = resolve_curve(s.cost_curve or t.hardware_curve, t.model, t.model_name, t.dtype_name)
         # t(w) for w = 1 .. template rows at each step's context: a long context makes rows dearer
         self.times = StepTimes(self.curve, self.tree.size)
-        self.min_gain = float(min_gain)
-        self.context_buckets = bool(context_buckets)
-        self.confidence = self.device.type == "cpu" if confidence in ("auto", None) else bool(confidence)
-        self._prior_steps, self._half_life, self._prior_per_depth = prior_steps, half_life, prior_per_depth
+        self.confidence = self._confidences()
         sampler = getattr(t, "sampler", None)
         self.sampler = sampler if (s.coupled and self.confidence and on_host(self.device)
                                    and sampler is not None and sampler.temperature > 0) else None
+        if self.sampler is not None:
+            self.source.couple(self.sampler.temperature)
         self.reset()
 
-    def share_learned_state(self, other: "AdaptiveTokenRecycling") -> None:
-        """The matrix, and the confidences that travel with its rows."""
-        super().share_learned_state(other)
-        if self.confidence:
-            self.probs = other.probs
+    def _confidences(self) -> bool:
+        confidence = self.settings.confidence
+        return torch.device(self.target.device).type == "cpu" if confidence in ("auto", None) else bool(confidence)
 
     def reset(self) -> None:
         """An empty matrix and the prior statistics, as built."""
         super().reset()
-        buckets = self._buckets = 2 if self.context_buckets else 1
+        s = self.settings
+        buckets = self._buckets = 2 if s.context_buckets else 1
         ranks = self.tree.sibling_rank()
-        prior_steps, half_life = self._prior_steps, self._half_life
+        prior_steps, half_life = s.prior_steps, s.half_life
         if self.confidence:
-            self.probs = torch.zeros(self.matrix.shape, dtype=torch.float32, device=self.device)
             self._rank_class = [min(r, 2) for r in ranks]
             self._depths = 3 if self.settings.depth_cells else 1
             self._depth_class = [min(d, self._depths) - 1 for d in self.tree.depths.tolist()[1:]]
+            # each node's cell but for its confidence bin and agreement, as `_cell` numbers them
+            self._node_cells = ((np.array(self._depth_class) * 3 + np.array(self._rank_class)) * (self.BINS + 1))
             # prior rate of a cell: its confidence bin's midpoint; never-written entries rarely hit
             per_bucket = [(b + 0.5) / self.BINS for b in range(self.BINS)] + [0.02]
             prior = per_bucket * (3 * buckets * self._depths * self.agreement_classes)
@@ -168,7 +138,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
             self.rates = (PooledRateTable(prior, [c % (self.BINS + 1) for c in range(len(prior))], steps, life)
                           if self.settings.pooled_prior else RateTable(prior, steps, life))
         else:
-            prior = prior_probabilities(self.tree.depths.tolist()[1:], ranks, self._prior_per_depth)
+            prior = prior_probabilities(self.tree.depths.tolist()[1:], ranks, s.prior_per_depth)
             self.stats = AcceptanceStats(prior, prior_steps if prior_steps is not None else 8,
                                          half_life if half_life is not None else 200, buckets)
         # per step: [root's index, template tokens, confidences, bucket, nodes another source also drafted]
@@ -177,6 +147,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
         # (bucket as _bucket says, the step's length bucket on the curve) -> (stats version, nodes)
         self._choice: dict[tuple[int, int | None], tuple[int, tuple[int, ...]]] = {}
         self._subtrees: dict[tuple[int, ...], tuple[DraftTree, torch.Tensor]] = {}
+        self._thresholds: dict[int | None, float] = {}  # the curve's context bucket -> _plain_below
         self.drafted_steps = 0
         self.plain_steps = 0
 
@@ -187,22 +158,15 @@ class AdaptiveTokenRecycling(TokenRecycling):
             load_curve_file(p["cost_curve"])
         return p
 
-    def start_question(self) -> None:
-        super().start_question()
-        if self.cold_start and self.confidence:  # a reset matrix holds no confidence either
-            self.probs.zero_()
-
     # -- what the template would have done ------------------------------------------------------
     def _expand_with_confidence(self, root: int, position: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Template tokens (as `expand`) and, with `confidence`, each node's stored probability; coupled
         (`self.sampler`), siblings in the order of the target's draw at their parent's `position` on."""
         if self.sampler is not None:
             vocab = self.matrix.shape[0]
-            noise = [self.sampler.noise_row(position + d, vocab) for d in range(len(self._host_levels))]
-            tokens, conf = coupled_expansion(self.matrix.numpy(), self.probs.numpy(), self._host_levels, root,
-                                             noise, self.sampler.temperature)
-            return torch.from_numpy(tokens), torch.from_numpy(conf)
-        return self.expand_with(root, self.probs if self.confidence else None)
+            noise = [self.sampler.noise_row(position + d, vocab) for d in range(self.tree.max_depth)]
+            return self.source.expand_coupled(root, noise, self.sampler.temperature)
+        return self.source.expand(root, self.confidence)
 
     def _cell(self, confidence: float, node: int, bucket: int, agreed: bool = False) -> int:
         b = min(int(confidence * self.BINS), self.BINS - 1) if confidence > 0 else self.BINS
@@ -213,7 +177,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
     def _bucket(self, seq: torch.Tensor) -> int:
         """1 when the root (the last decided token) was its predecessor's rank-0 candidate in the
         previous step's template, else 0. Known whatever the previous step drafted."""
-        if not self.context_buckets or self._last is None:
+        if not self.settings.context_buckets or self._last is None:
             return 0
         root_at, host = self._last
         tokens = host.tolist()  # the previous step's copy: the engine has synchronised since
@@ -252,10 +216,21 @@ class AdaptiveTokenRecycling(TokenRecycling):
         `agreed`: the nodes another source drafts too (tr_fused)."""
         if conf is None:
             return self.stats.probabilities(bucket)
-        rates = self.rates.rates()
-        c = conf.tolist()
-        q = [rates[self._cell(c[v], v, bucket, v in agreed)] for v in range(1, self.tree.size)]
-        return path_probabilities(self.tree.parents, q)
+        q = decayed_rates(self.rates)[self._cells(conf.numpy()[1:], bucket, agreed)]
+        p = np.ones(self.tree.size)
+        for idx, parent, _ in self.source.host_levels:  # p(v) = p(parent) q(v), one depth at a time
+            p[idx] = p[parent] * q[idx - 1]
+        return p[1:].tolist()
+
+    def _cells(self, conf: np.ndarray, bucket: int, agreed: frozenset) -> np.ndarray:
+        """`_cell` of every template node at once (`conf`: their confidences, root excluded)."""
+        c = conf.astype(np.float64)  # binned in double precision, as `_cell` bins a Python float
+        bins = np.where(c > 0, np.minimum((c * self.BINS).astype(np.int64), self.BINS - 1), self.BINS)
+        group = bucket * self._depths * 3 * (self.BINS + 1)
+        cells = self._node_cells + bins + group
+        if agreed and self.agreement_classes > 1:
+            cells[np.fromiter(agreed, dtype=np.int64) - 1] += self._buckets * self._depths * 3 * (self.BINS + 1)
+        return cells
 
     @property
     def step_times(self) -> list[float]:
@@ -268,13 +243,31 @@ class AdaptiveTokenRecycling(TokenRecycling):
         context has moved to another of the curve's length buckets (StepTimes)."""
         step_times = self.times.at(context)
         if per_step:
-            return choose_nodes(p, self.tree.parents, step_times, self.min_gain)
+            return self._choose(p, self.tree.parents, context)
         version = self.stats.version[bucket]
         key = (bucket, self.times.key(context))
         cached = self._choice.get(key)
         if cached is None or cached[0] != version:
-            cached = self._choice[key] = (version, choose_nodes(p, self.tree.parents, step_times, self.min_gain))
+            cached = self._choice[key] = (version, choose_nodes(p, self.tree.parents, step_times, self.settings.min_gain))
         return cached[1]
+
+    def _choose(self, p: list[float], parents, context: int | None, max_nodes: int | None = None) -> tuple[int, ...]:
+        """`choose_nodes` on this step's curve, skipped when no node is likely enough for any draft to
+        beat a plain step: m nodes add at most m x max(p) expected tokens, so below `_plain_below`
+        every draft's rate is under the plain step's and the choice is the plain step anyway."""
+        if max(p, default=0.0) < self._plain_below(context):
+            return ()
+        return choose_nodes(p, parents, self.times.at(context), self.settings.min_gain, max_nodes)
+
+    def _plain_below(self, context: int | None) -> float:
+        """min over m of ((1 + min_gain) t(m + 1) / t(1) - 1) / m on the curve at `context`, less a
+        rounding margin: with every node's p below it, (1 + m p) / t(m + 1) < (1 + min_gain) / t(1)."""
+        key = self.times.key(context)
+        if key not in self._thresholds:
+            t, gain = self.times.at(context), self.settings.min_gain
+            bound = min(((1 + gain) * t[m] / t[0] - 1) / m for m in range(1, len(t)))
+            self._thresholds[key] = bound * (1 - 1e-9) if bound > 0 else 0.0
+        return self._thresholds[key]
 
     def _subtree(self, nodes: tuple[int, ...]) -> tuple[DraftTree, torch.Tensor]:
         hit = self._subtrees.get(nodes)
@@ -314,12 +307,3 @@ class AdaptiveTokenRecycling(TokenRecycling):
         self.drafted_steps += 1
         tree, index = self._subtree(nodes)
         return Draft(tokens=tokens[index], tree=tree, node_probs=[p[v - 1] for v in nodes])
-
-    def _write(self, tokens: torch.Tensor, logits: torch.Tensor, duplicates: bool = True):
-        top, last = super()._write(tokens, logits, duplicates)
-        if self.confidence:  # the model's probability of each recycled candidate, kept beside it
-            # softmax at the candidates only: exp(logit - logsumexp), one pass over the row and no
-            # vocabulary-wide output
-            probs = (top.values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)).exp()
-            self.probs[tokens] = probs[last].to(self.device)
-        return top, last

@@ -1,7 +1,7 @@
 """Token Recycling fused with retrieval: one draft tree from the adjacency matrix and from the context.
 
 Each step merges two sources by common prefixes: TR's template expanded from the matrix
-(tr/base.py; node probabilities as adaptive TR estimates them) and a retrieved continuation
+(drafting/recycling.py; node probabilities as adaptive TR estimates them) and a retrieved continuation
 (`retrieval=`: `pld`, the default, Prompt Lookup's chain; `suffix`, Suffix Decoding's trees; `none`).
 The step verifies the parent-closed node set with the most expected tokens per second on the cost
 curve, at most `max_nodes` nodes, or a plain step (speculation/goodput.py). Lossless by the engine's
@@ -20,13 +20,12 @@ import torch
 
 from specbench.decoding.transfers import to_device
 from specbench.draft import DraftTree
-from specbench.drafter import TARGET_FACTS
 from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
 from specbench.speculation.cost import StepTimes
-from specbench.speculation.goodput import RateTable, choose_nodes, subtree_parents
-from specbench.methods.pld import PLDSettings, find_match
-from specbench.methods.suffix.tree import SuffixTrees
+from specbench.speculation.goodput import RateTable, subtree_parents
+from specbench.drafting.ngram import check_ngram, find_match
+from specbench.drafting.suffix_tree import SuffixTrees
 from specbench.methods.tr.adaptive import AdaptiveTokenRecycling, AdaptiveTRSettings
 from specbench.registry import register
 
@@ -125,7 +124,7 @@ class FusedTRSettings(AdaptiveTRSettings):
     suffix_rates: bool = False
     max_nodes: int = 80  # node budget of the merged tree per step
     # a node both sources draft is counted apart from the nodes only one drafts, in the matrix's cells
-    # and the chain's (false: one rate per cell whatever the other source drafted, as before 2026-11-27)
+    # and the chain's (false: one rate per cell whatever the other source drafted)
     agreement: bool = True
     # each merged node's estimate scaled by its source's calibration (matrix only, retrieval only, both):
     # the accepted drafted nodes of that source over the sum of their estimates, decayed as the rates
@@ -139,7 +138,7 @@ class FusedTRSettings(AdaptiveTRSettings):
         if not (self.matrix or retrieval != "none"):
             raise SettingsError("tr_fused needs a source: method.matrix=true or method.retrieval=suffix or pld "
                                 "(both off would draft nothing; use method=ar)")
-        PLDSettings(self.max_ngram_size, self.num_pred_tokens)  # PLD's own bounds
+        check_ngram(self.max_ngram_size, self.num_pred_tokens)  # PLD's own bounds
         if self.max_nodes < 1:
             raise SettingsError(f"method.max_nodes must be at least 1, got {self.max_nodes}")
         if self.suffix_depth < 2 or self.suffix_tokens < 1:
@@ -155,24 +154,23 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
     Settings = FusedTRSettings
 
     def __init__(self, target=None, settings: FusedTRSettings | None = None, **values):
-        # the sources are set before the parent builds (its reset() reads them)
-        s = settings if settings is not None else FusedTRSettings(
-            **{k: v for k, v in values.items() if k not in TARGET_FACTS})
-        self.use_matrix, self.retrieval = bool(s.matrix), retrieval_source(s.retrieval)
-        self.use_retrieval = self.retrieval != "none"
-        self.max_ngram_size, self.num_pred_tokens = int(s.max_ngram_size), int(s.num_pred_tokens)
-        self.suffix_depth, self.suffix_tokens = int(s.suffix_depth), int(s.suffix_tokens)
-        self.max_nodes = int(s.max_nodes)
-        self.agreement_classes = 2 if s.agreement else 1
-        super().__init__(target, s, **{k: v for k, v in values.items() if k in TARGET_FACTS})
-        extra = {"suffix": self.suffix_tokens, "pld": self.num_pred_tokens}.get(self.retrieval, 0)
+        super().__init__(target, settings, **values)
+        s = self.settings
+        self.retrieval = retrieval_source(s.retrieval)  # the earlier true / false read as pld / none
+        extra = {"suffix": s.suffix_tokens, "pld": s.num_pred_tokens}.get(self.retrieval, 0)
         self.times = StepTimes(self.curve, self.tree.size + extra)
+
+    @property
+    def agreement_classes(self) -> int:
+        """2: a node both sources draft is counted apart (`agreement`)."""
+        return 2 if self.settings.agreement else 1
 
     def reset(self) -> None:
         super().reset()
         # prior: the first chain token right 40% of the time, each later one 70% given its parent
+        s = self.settings
         prior = [0.4 if d == 0 else 0.7 for _ in range(self.agreement_classes * NGRAM_CLASSES)
-                 for d in range(self.num_pred_tokens)]
+                 for d in range(s.num_pred_tokens)]
         self.chain_rates = RateTable(prior, prior_steps=4, half_life=400)
         # per step with a match: (root's index, chain tokens, n-gram class, how many the template drafts too)
         self._chains: deque = deque()
@@ -181,8 +179,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         self._accepted_from = [0, 0, 0]  # matrix only, retrieval only, both
         self._retrieval_steps = 0
         self._global_drafts = 0  # suffix_global: steps whose retrieved tree came from the global tree
-        s = self.settings
-        self._suffix = SuffixTrees(self.suffix_depth, SUFFIX_CACHED if s.suffix_global else 0, self.suffix_tokens,
+        self._suffix = SuffixTrees(s.suffix_depth, SUFFIX_CACHED if s.suffix_global else 0, s.suffix_tokens,
                                    float(s.suffix_factor), 0.0, float(s.suffix_min_prob), bool(s.suffix_tree))
         self._suffix_len: int | None = None  # tokens of the running turn in the suffix tree (None: no turn)
         self._suffix_prompt = 0
@@ -207,7 +204,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         if seq.numel() > self._suffix_len:
             self._suffix.extend(seq[self._suffix_len :].numpy())
             self._suffix_len = seq.numel()
-        spec, where = self._suffix.speculate(seq[-self.suffix_depth :].numpy())
+        spec, where = self._suffix.speculate(seq[-self.settings.suffix_depth :].numpy())
         if spec.tokens and where == "global":
             self._global_drafts += 1
         if not spec.tokens or not self.settings.suffix_rates:
@@ -236,7 +233,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
 
     def _pld_chain(self, state: DecodeState) -> tuple[list[int], int]:
         """Prompt Lookup's chain and its n-gram class (an empty chain without a match)."""
-        match = find_match(state.tokens, self.max_ngram_size, self.num_pred_tokens)
+        match = find_match(state.tokens, self.settings.max_ngram_size, self.settings.num_pred_tokens)
         if match is None:
             return [], 0
         return match[0].tolist(), min(match[1], NGRAM_CLASSES) - 1
@@ -254,7 +251,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
 
     def _chain_cell(self, ngram_class: int, depth: int, agreed: bool = False) -> int:
         group = (agreed and self.agreement_classes > 1) * NGRAM_CLASSES + ngram_class
-        return group * self.num_pred_tokens + depth - 1
+        return group * self.settings.num_pred_tokens + depth - 1
 
     # -- retrieval statistics --------------------------------------------------------------------
     def _learn_chains(self, seq: torch.Tensor) -> None:
@@ -292,35 +289,21 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
             # the template's tokens on the host: waits for the copy _prepare started (on an
             # accelerator the step's second synchronisation, and only on steps with a retrieval)
             at = merge_tree(self.tree.children, self._last[1].tolist(), r_tokens, r_parents)
-        agreed = frozenset(v for v in at if v is not None) if self.use_matrix else frozenset()
+        agreed = frozenset(v for v in at if v is not None) if self.settings.matrix else frozenset()
         if r_probs is None:  # the chain's estimates depend on how much of it the template drafts
             r_probs = (self._chain_probabilities(state.tokens.numel() - 1, r_tokens, cls, len(agreed))
                        if r_tokens else [])
         if self.agreement_classes > 1:
             self._pending[-1][4] = agreed  # the matrix learns this step's nodes in their agreement cells
         n = len(self.tree)
-        p = self._probabilities(bucket, host_conf, agreed) if self.use_matrix else [0.0] * n
-        parents = list(self.tree.parents)
-        source = [MATRIX if self.use_matrix else 0] * n
-        extra: list[int] = []
-        place: list[int] = []  # each retrieved node's id in the merged tree
-        for tok, par, pv, v in zip(r_tokens, r_parents, r_probs, at):
-            if v is not None:  # shared with the template
-                p[v - 1] = max(p[v - 1], pv)
-                source[v - 1] |= RETRIEVAL
-            else:
-                parents.append(0 if par < 0 else place[par])
-                p.append(pv)
-                source.append(RETRIEVAL)
-                extra.append(tok)
-                v = len(parents)
-            place.append(v)
+        p = self._probabilities(bucket, host_conf, agreed) if self.settings.matrix else [0.0] * n
+        p, parents, source, extra = self._merged(p, r_tokens, r_parents, r_probs, at)
         raw = p
         if self.settings.calibrate:
             scale = self.calibration.rates()
             p = [pv * scale[max(src, 1) - 1] for pv, src in zip(p, source)]
         # t(w) after the step's cached tokens (the root is not cached yet)
-        nodes = choose_nodes(p, parents, self.times.at(state.tokens.numel() - 1), self.min_gain, self.max_nodes)
+        nodes = self._choose(p, parents, state.tokens.numel() - 1, self.settings.max_nodes)
         self._drafted = nodes
         self._sources = [source[v - 1] for v in nodes]
         self._estimates = [raw[v - 1] for v in nodes]
@@ -340,9 +323,31 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
             tokens = torch.cat([tokens, sent[: len(extra)]])
         return Draft(tokens=tokens[sent[len(extra):]], tree=tree, node_probs=[p[v - 1] for v in nodes])
 
+    def _merged(self, p: list[float], r_tokens: list[int], r_parents: list[int], r_probs: list[float],
+                at: list[int | None]) -> tuple[list[float], list[int], list[int], list[int]]:
+        """The template's nodes (estimates `p`) with the retrieved ones merged in: (every node's estimate,
+        parent and source bits; the retrieved tokens the template lacks, in merged-node order). A shared
+        node keeps the larger estimate; a new one hangs below its parent's place (`at`: merge_tree's)."""
+        parents = list(self.tree.parents)
+        source = [MATRIX if self.settings.matrix else 0] * len(self.tree)
+        extra: list[int] = []
+        place: list[int] = []  # each retrieved node's id in the merged tree
+        for tok, par, pv, v in zip(r_tokens, r_parents, r_probs, at):
+            if v is not None:  # shared with the template
+                p[v - 1] = max(p[v - 1], pv)
+                source[v - 1] |= RETRIEVAL
+            else:
+                parents.append(0 if par < 0 else place[par])
+                p.append(pv)
+                source.append(RETRIEVAL)
+                extra.append(tok)
+                v = len(parents)
+            place.append(v)
+        return p, parents, source, extra
+
     # -- statistics ------------------------------------------------------------------------------
-    def _count(self, outcome: StepOutcome, root_unwritten: torch.Tensor, rank0_hit: torch.Tensor) -> None:
-        """TR's template-node statistics, and the sources of the accepted tokens."""
+    def _note(self, outcome: StepOutcome) -> None:
+        """The sources of the accepted tokens (TR's template-node statistics: the matrix's own count)."""
         for a in outcome.accepted:
             self._accepted_from[{MATRIX: 0, RETRIEVAL: 1}.get(self._sources[a - 1], 2)] += 1
         if outcome.draft is not None and self.settings.calibrate:
@@ -355,7 +360,6 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
                 if mass[cell] > 0:
                     self.calibration.add_counts(cell, hits[cell], mass[cell])
             self.calibration.next_step()
-        super()._count(outcome, root_unwritten, rank0_hit)
 
     def take_statistics(self) -> dict:
         out = super().take_statistics()

@@ -1,7 +1,7 @@
 """A static Token Recycling template fitted to a model and a machine, from a calibration run.
 
 A calibration run drafts a (large) template and counts, per node, how often it was on the accepted
-path (specbench/methods/tr/statistics.py). Those rates estimate p(v), the probability that node v
+path (specbench/drafting/recycling_statistics.py). Those rates estimate p(v), the probability that node v
 is accepted; beyond the calibrated template, p(child) = p(parent) x q(depth, rank), the rate at
 which a (depth, rank) node was accepted when its parent was, pooled over the calibration template.
 A step with draft nodes S emits 1 + sum p(v) tokens on average and costs t(|S| + 1) + overhead

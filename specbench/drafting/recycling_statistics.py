@@ -14,7 +14,7 @@ from collections import Counter
 import torch
 
 from specbench.draft import DraftTree
-from specbench.methods.tr.tuning import children_counts_of, rank_paths
+from specbench.drafting.template_tuning import children_counts_of, rank_paths
 
 
 class RecyclingStatistics:

@@ -2,10 +2,11 @@
 from suffix automata, Token Recycling's tree when retrieval has nothing good to offer.
 
 Each step looks the root up in a dynamic suffix automaton over this turn's prompt and output
-(suffix/automaton.py) and optionally a static one over a corpus (`static_corpus`). When the longer
+(drafting/suffix_automaton.py) and optionally a static one over a corpus (`static_corpus`). When the longer
 match (the static one counted `len_bias` shorter) reaches `len_threshold` tokens, the step drafts the
 chain that followed the match's first occurrence (up to `max_draft`), else TR's tree from the
-adjacency matrix, which learns from every verified row and from the prompt's logits. Defaults are
+adjacency matrix (drafting/recycling.py), which learns from every verified row and from the
+prompt's logits. Defaults are
 Spec-Bench's published settings. Those settings, and where this departs from the reference on
 purpose: docs/samd.md.
 """
@@ -21,10 +22,11 @@ import numpy as np
 import torch
 
 from specbench.draft import DraftTree, DecodeState, Draft, StepOutcome
+from specbench.drafter import Drafter, LearnsAcrossRequests, ReadsPromptLogits
+from specbench.drafting.recycling import Recycling, RecyclingSettings, observe_batch
 from specbench.errors import SettingsError
-from specbench.methods.rest.datastore import (SEPARATOR as STORE_SEPARATOR, DatastoreError, open_datastore, resolve_path)
-from specbench.methods.suffix.automaton import SEPARATOR, Match, SuffixAutomaton, feed, follow
-from specbench.methods.tr.base import TokenRecycling, TRSettings
+from specbench.drafting.datastore import (SEPARATOR as STORE_SEPARATOR, DatastoreError, open_datastore, resolve_path)
+from specbench.drafting.suffix_automaton import SEPARATOR, Match, SuffixAutomaton, feed, follow
 from specbench.registry import register
 
 # SAM-Decoding's Token Recycling tree (its config/token_recycle.json), as child counts per node,
@@ -43,7 +45,7 @@ SOURCES = (DYNAMIC, STATIC, TREE)
 
 
 @dataclass
-class SAMDSettings(TRSettings):
+class SAMDSettings(RecyclingSettings):
     # TR's settings as SAM-Decoding runs it: its own tree, and rows written from the prefill's logits
     tree: Any = field(default_factory=lambda: [list(level) for level in SAMD_TREE])
     prefill_update: bool = True
@@ -77,13 +79,14 @@ def static_automaton(path: Path) -> SuffixAutomaton:
 
 
 @register("samd")
-class SAMDecoding(TokenRecycling):
+class SAMDecoding(Drafter, ReadsPromptLogits, LearnsAcrossRequests):
     Settings = SAMDSettings
 
     def __init__(self, target=None, settings: SAMDSettings | None = None, **values):
         super().__init__(target, settings, **values)
         s = self.settings
-        self.max_draft, self.len_threshold, self.len_bias = int(s.max_draft), int(s.len_threshold), int(s.len_bias)
+        self.reads_prompt_logits = bool(s.prefill_update)
+        self.source = Recycling(s, self.target.vocab_size, self.target.device)
         self.static = None
         if s.static_corpus is not None:
             path = resolve_path(s.static_corpus)
@@ -95,6 +98,8 @@ class SAMDecoding(TokenRecycling):
             self.static = static_automaton(path)
         self._new_turn()
         self._clear_counts()
+
+    matrix = property(lambda self: self.source.matrix)  # the fallback's matrix, as TR's drafters name it
 
     @classmethod
     def check_settings(cls, params: dict, target: dict) -> dict:
@@ -123,15 +128,24 @@ class SAMDecoding(TokenRecycling):
     def _clear_counts(self) -> None:
         self._counts = {f"{what}_{src}": 0 for what in ("steps", "drafted", "accepted") for src in SOURCES}
 
+    def start_question(self) -> None:
+        if self.settings.cold_start:
+            self.source.clear()
+
     def reset(self) -> None:
-        super().reset()
+        self.source.clear()
+        self.source.statistics.clear()
         self._new_turn()
         self._clear_counts()
+
+    def share_learned_state(self, other: "SAMDecoding") -> None:
+        """One matrix for every request of a batch; the automata stay each request's own."""
+        self.source.share(other.source)
 
     def take_statistics(self) -> dict:
         """TR's per-node counts over the steps that drafted its tree, and per source (dynamic automaton,
         static automaton, tree): steps, drafted tokens and accepted tokens."""
-        out = super().take_statistics()
+        out = self.source.statistics.take()
         out.update(self._counts)
         self._clear_counts()
         return out
@@ -140,14 +154,14 @@ class SAMDecoding(TokenRecycling):
         """(source, chain) for a root: a retrieved chain, or (TREE, []) when no match is long enough."""
         dyn = self.dynamic.step(self.dynamic_match, root)
         static = self.static.step(self.static_match, root) if self.static is not None else Match()
-        if max(dyn.length, static.length - self.len_bias) < self.len_threshold:
+        if max(dyn.length, static.length - self.settings.len_bias) < self.settings.len_threshold:
             return TREE, []
-        if dyn.length >= static.length - self.len_bias:
+        if dyn.length >= static.length - self.settings.len_bias:
             # A recent match may be followed by few tokens yet; a shorter one that first occurred
             # earlier may offer a whole chain (the reference's walk to an ancestor).
-            state = self.dynamic.with_room(dyn.state, self.max_draft)
-            return DYNAMIC, self.dynamic.continuation(state, self.max_draft)
-        return STATIC, self.static.continuation(static.state, self.max_draft)
+            state = self.dynamic.with_room(dyn.state, self.settings.max_draft)
+            return DYNAMIC, self.dynamic.continuation(state, self.settings.max_draft)
+        return STATIC, self.static.continuation(static.state, self.settings.max_draft)
 
     def propose(self, state: DecodeState) -> Draft:
         seq = state.tokens
@@ -158,19 +172,33 @@ class SAMDecoding(TokenRecycling):
         self.dynamic_match = feed(self.dynamic, self.dynamic_match, new)
         if self.static is not None:
             self.static_match = follow(self.static, self.static_match, new)
-        source, chain = self.retrieve(int(seq[-1]))
+        root = int(seq[-1])
+        source, chain = self.retrieve(root)
         self._source = source if chain else TREE
         if not chain:
-            return super().propose(state)
+            return Draft(tokens=self.source.expand(root)[0][1:], tree=self.source.template)
         return Draft(tokens=torch.tensor(chain, dtype=torch.long), tree=DraftTree.chain(len(chain)))
 
-    def _count(self, outcome: StepOutcome, root_unwritten: torch.Tensor, rank0_hit: torch.Tensor) -> None:
-        """Per source: steps, drafted and accepted tokens; TR's per-node statistics describe its
-        template, drafted on TREE steps only. (The matrix learns from every step: TR's observe.)"""
+    def _note(self, outcome: StepOutcome) -> None:
+        """Per source: steps, drafted and accepted tokens."""
         src = self._source
-        if src == TREE:
-            super()._count(outcome, root_unwritten, rank0_hit)
         self._counts[f"steps_{src}"] += 1
         self._counts[f"drafted_{src}"] += 0 if outcome.draft is None else len(outcome.draft.tree)
         # accepted draft tokens that were emitted (EOS or the token budget may cut a path short)
         self._counts[f"accepted_{src}"] += min(len(outcome.accepted), len(outcome.emitted))
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """The matrix learns from every step; TR's per-node statistics describe its template, so they
+        count the TREE steps only."""
+        self._note(outcome)
+        self.source.observe(outcome, None, counted=self._source == TREE)
+
+    @classmethod
+    def observe_batch(cls, drafters: list["SAMDecoding"], outcomes: list[StepOutcome]) -> None:
+        for d, o in zip(drafters, outcomes, strict=True):
+            d._note(o)
+        observe_batch([d.source for d in drafters], outcomes, [None] * len(drafters),
+                      [d._source == TREE for d in drafters])
+
+    def observe_prompt(self, prompt: torch.Tensor, logits: torch.Tensor) -> None:
+        self.source.observe_prompt(prompt, logits)

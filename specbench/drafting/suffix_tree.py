@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from itertools import accumulate
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,7 +48,8 @@ def text_of(sequences) -> np.ndarray:
 
 def match_ends(text: np.ndarray, context: np.ndarray, max_len: int):
     """Yield (m, end positions of the context's last m tokens in `text`) for m = 1, 2, .. max_len,
-    while there are any. Each set filters the last: one comparison over the text, then over hits."""
+    while there are any. Each set filters the last: one comparison over the text, then over hits;
+    once one occurrence is left, longer matches are checked a token at a time."""
     if max_len < 1 or len(context) < 1:
         return
     ends = np.flatnonzero(text == context[-1])
@@ -57,8 +59,21 @@ def match_ends(text: np.ndarray, context: np.ndarray, max_len: int):
         yield m, ends
         if m == max_len or m == len(context):
             return
+        if ends.size == 1:  # a single occurrence: array calls would cost more than the compares
+            yield from _one_occurrence(text, context, ends, m, max_len)
+            return
         ends = ends[ends >= m]
         ends = ends[text[ends - m] == context[-1 - m]]
+
+
+def _one_occurrence(text: np.ndarray, context: np.ndarray, ends: np.ndarray, m: int, max_len: int):
+    """`match_ends` past length m when `ends` holds one position: the same yields, the same array."""
+    end = int(ends[0])
+    while end >= m and text[end - m] == context[-1 - m]:
+        m += 1
+        yield m, ends
+        if m == max_len or m == len(context):
+            return
 
 
 SMALL = 64  # up to this many occurrences a Python count beats numpy's fixed costs
@@ -153,25 +168,34 @@ def grow_tree(text: np.ndarray, ends: np.ndarray, limit: int, min_prob: float, m
 
 def speculate(text: np.ndarray, context: np.ndarray, *, max_depth: int, max_tokens: int, factor: float,
               offset: float, min_prob: float, use_tree: bool) -> Speculation:
-    """The best-scoring draft over every match length of the context's tail (module docstring)."""
+    """The best-scoring draft over every match length of the context's tail (module docstring); of equal
+    scores, the longest match's."""
     context = np.asarray(context)[-max_depth:]
-    best = Speculation()
-    path, path_count = Speculation(), 0  # the last path, drafted as far as the tree allows
+    if use_tree:
+        best = Speculation()
+        for m, ends in match_ends(text, context, len(context) - 1):
+            limit = max(0, min(max_tokens, int(m * factor + offset + 1e-6)))
+            spec = grow_tree(text, ends, limit, min_prob, max_depth - m)  # the match takes m of the depth
+            if spec.score >= best.score:
+                spec.match_len = m
+                best = spec
+        return best
+    best, best_score = None, 0.0
+    path, path_count, sums = Speculation(), 0, [0.0]  # the last path, drafted as far as the tree allows
     for m, ends in match_ends(text, context, len(context) - 1):
         limit = max(0, min(max_tokens, int(m * factor + offset + 1e-6)))
-        room = max_depth - m  # the match takes m of the tree's depth
-        if use_tree:
-            spec = grow_tree(text, ends, limit, min_prob, room)
-        else:
-            # a longer match with as many occurrences has the same ones, hence the same path
-            if ends.size != path_count:
-                path, path_count = follow_path(text, ends, room, min_prob), ends.size
-            k = min(limit, room)
-            spec = Speculation(path.tokens[:k], path.parents[:k], path.probs[:k])
-        if spec.score >= best.score:
-            spec.match_len = m
-            best = spec
-    return best
+        room = max_depth - m
+        # a longer match with as many occurrences has the same ones, hence the same path
+        if ends.size != path_count:
+            path, path_count = follow_path(text, ends, room, min_prob), ends.size
+            sums = list(accumulate(path.probs, initial=0.0))  # a prefix's score, summed as `score` sums
+        k = min(limit, room)
+        if sums[min(k, len(path.probs))] >= best_score:
+            best, best_score = (m, k, path), sums[min(k, len(path.probs))]
+    if best is None:
+        return Speculation()
+    m, k, path = best
+    return Speculation(path.tokens[:k], path.parents[:k], path.probs[:k], m)
 
 
 class SuffixTrees:

@@ -4,7 +4,7 @@ A checkpoint is a directory of config.json and one weights file (safetensors, or
 the published checkpoints ship), named by a local path, `default` (the head for the target model)
 or a Hugging Face hub id fetched on first use. What differs between methods (names, weight files,
 defaults, the script that trains one here) is a `CheckpointKind`; the module and its keys stay with
-the method (medusa_heads.py, eagle_head.py).
+the method (methods/medusa/heads.py, methods/eagle/head.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A suffix automaton over token ids: the index behind SAM-Decoding (specbench/methods/suffix/samd.py).
+"""A suffix automaton over token ids: the index behind SAM-Decoding (specbench/methods/samd.py).
 
 Built online (Blumer et al., 1985; amortised O(1) per appended token), so the automaton of a prompt
 and its output grows with every accepted token and is never rebuilt. Drafting needs

@@ -26,7 +26,7 @@ from specbench.errors import SettingsError, SpecbenchError
 FORMAT = "specbench-rest-datastore"
 VERSION = 1
 SEPARATOR = np.iinfo(np.uint32).max  # between documents; sorts after every real token
-DATA_DIR = Path(__file__).resolve().parents[3] / "data" / "rest"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "rest"
 DEFAULT_NAME = "smollm2-135m-selfdistil"
 TRIE_RULES = ("reference", "all_prefixes")
 
