@@ -236,28 +236,31 @@ def test_the_identity_names_code_questions_check_and_threads(tmp_path):
         runner.check_identity(tmp_path, dict(ident, dtype="float16"), missing_ok=True)
 
 
-def test_ar_and_the_method_alternate_who_goes_first(tmp_path):
-    from specbench.run import baselines, single as runner
-    order = []
-
-    class FakeRun(runner.RunInProgress):
-        def answer(self, drafter, q):
-            order.append((q.question_id, drafter))
-            return {"question_id": q.question_id, "subtask": q.subtask, "category": q.category,
-                    "turns": [{"token_ids": [1], "new_tokens": 1, "wall_time": 1.0, "prefill_time": 0.1,
-                               "accept_lengths": [1]}]}
+def test_ar_and_the_method_alternate_who_goes_first(tmp_path, monkeypatch):
+    from types import SimpleNamespace
 
     from specbench.inputs.tasks import load_task
-    questions = load_task({"name": "mini", "kind": "mini", "limit": 4})
+    from specbench.run import baselines, question_loop
     from tests.test_config import plan_of
 
-    run = FakeRun(plan_of({"method": {"name": "tr"}, "progress": False, "lossless": {"check": False}}),
-                  questions, tmp_path, {})
-    run.drafter, run.ar = "tr", "ar"
-    runner.answer_questions(run, baselines.Interleaved(tmp_path / "baseline_answers.jsonl"))
+    order = []
+
+    def answer(session, drafter, q):
+        order.append((q.question_id, drafter))
+        return {"question_id": q.question_id, "subtask": q.subtask, "category": q.category,
+                "turns": [{"token_ids": [1], "new_tokens": 1, "wall_time": 1.0, "prefill_time": 0.1,
+                           "accept_lengths": [1]}]}
+
+    monkeypatch.setattr(question_loop, "timed_answer", answer)
+    questions = load_task({"name": "mini", "kind": "mini", "limit": 4})
+    plan = plan_of({"method": {"name": "tr"}, "progress": False, "lossless": {"check": False}})
+    session = SimpleNamespace(plan=plan, cfg=plan.settings, questions=questions, folder=tmp_path)
+    done: dict = {}
+    question_loop.answer_questions(session, baselines.Interleaved(tmp_path / "baseline_answers.jsonl"), "tr", "ar",
+                                   done)
     firsts = [order[2 * i][1] for i in range(len(questions))]
     assert firsts == ["ar", "tr", "ar", "tr"][:len(questions)]
-    assert [run.done[q.question_id]["first"] for q in questions] == ["ar", "method", "ar", "method"][:len(questions)]
+    assert [done[q.question_id]["first"] for q in questions] == ["ar", "method", "ar", "method"][:len(questions)]
 
 
 def test_the_referee_accepts_a_three_way_tie_and_refuses_a_wide_third():
