@@ -7,7 +7,7 @@ from specbench.decoding.engine import Engine
 from specbench.drafter import ReadsHiddenStates
 from specbench.inputs.chat import first_turn, last_prompt_tokens, prompt_ids
 from specbench.inputs.questions import Question
-from specbench.inputs.window import check_prompts_fit
+from specbench.inputs.window import check_prompts_fit, check_sessions_fit
 
 
 def prompt_bound(tokenizer, q: Question, template: str, max_new: int) -> int:
@@ -33,6 +33,10 @@ def check_questions_fit(tokenizer, questions: list[Question], template: str, max
         return
     first = [(q.question_id, q.subtask, len(prompt_ids(tokenizer, first_turn(q), template))) for q in questions]
     check_prompts_fit(first, max_new, context_length, model_name)
+    # an agent's session (a system prompt, several turns) is long by design: the whole of it must fit
+    sessions = [(q.question_id, q.subtask, len(q.turns), last_prompt_tokens(tokenizer, q, template))
+                for q in questions if getattr(q, "system", None) and len(q.turns) > 1]
+    check_sessions_fit(sessions, max_new, context_length, model_name)
 
 
 def reserve_compiled_cache(engine: Engine, methods: list[type], tokenizer, questions: list[Question],
