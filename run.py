@@ -87,11 +87,12 @@ def refuse(e: SpecbenchError) -> int:
     return 2
 
 
-def run_config(cfg: DictConfig) -> int:
-    """One run of a composed config; its exit code (2 for a user error, printed as `error: ...`)."""
+def run_config(cfg: DictConfig, hold_until_exit: bool = False) -> int:
+    """One run of a composed config; its exit code (2 for a user error, printed as `error: ...`).
+    `hold_until_exit`: the device's timing lock held until the process ends (specbench/main.py)."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
-        summary = run_benchmark(plain)
+        summary = run_benchmark(plain, hold_until_exit)
     except SpecbenchError as e:
         return refuse(e)
     return main_exit_code(summary, plain)
@@ -104,7 +105,7 @@ EXIT_CODES: list[int] = []
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> int:
-    code = run_config(cfg)
+    code = run_config(cfg, hold_until_exit=True)
     EXIT_CODES.append(code)
     return code
 

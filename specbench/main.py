@@ -10,13 +10,27 @@ from specbench.run import schemas as _schemas  # noqa: F401  (registers the type
 from specbench.run.plan import plan_run, run_settings
 
 
-def run_benchmark(given) -> dict:
+def run_benchmark(given, hold_until_exit: bool = False) -> dict:
     """Run, write answers and summary, print the table. Returns the summary. `given`: the settings,
     Hydra's plain dict (run.py), one written by hand, or a config.RunConfig; typed, checked and
-    resolved once here, into the plan the run reads (run/plan.py)."""
-    from specbench.report.reporting import after_run, after_serving_run
+    resolved once here, into the plan the run reads (run/plan.py). From the plan to the last report
+    the run holds its device's timing lock (run/timing_guard.py), so its untimed work never runs beside
+    another run's timing; `hold_until_exit` (run.py's jobs): until the process ends, its teardown
+    included (a second or two of CPU that would land in the next job's timing)."""
+    from specbench.run.timing_guard import hold_device
 
     plan = plan_run(given)  # every setting checked before anything loads
+    hold = hold_device(plan)
+    try:
+        return _run_and_report(plan)
+    finally:
+        if hold is not None and not hold_until_exit:
+            hold.release()
+
+
+def _run_and_report(plan) -> dict:
+    from specbench.report.reporting import after_run, after_serving_run
+
     if plan.settings.is_serving:  # concurrent requests: run/serving.py
         from specbench.run.serving import run_serving
 

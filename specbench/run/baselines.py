@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -69,11 +70,12 @@ class Reused(Baseline):
 
 
 class Shared(Baseline):
-    def __init__(self, ar_dir: Path, ar_identity: dict, cfg: dict, provenance: dict | None = None):
+    def __init__(self, ar_dir: Path, ar_identity: dict, cfg: dict, provenance: dict | None = None,
+                 waiting=nullcontext):
         from specbench.run.sweep import SharedBaseline
 
         self.directory = ar_dir
-        self.shared = SharedBaseline(ar_dir, ar_identity, cfg, provenance)
+        self.shared = SharedBaseline(ar_dir, ar_identity, cfg, provenance, waiting)
         self.answers = self.shared.load()
 
     @property

@@ -65,9 +65,11 @@ class DeviceLock:
         self.waits, self.waited, self._said, self._fd, self._gate = 0, 0.0, False, None, None
 
     def shared(self) -> "DeviceLock":
+        held = str(self.path) in _OPEN  # this process holds it already (main.py's hold): shared at rest
         self._fd, self._gate = _open(self.path), _open(self.gate_path)
-        with self._in_line():
-            self._take(self._fd, fcntl.LOCK_SH)
+        if not held:  # waiting in line while holding it would block the run at the head of the line
+            with self._in_line():
+                self._take(self._fd, fcntl.LOCK_SH)
         self._note("loading or checking")
         return self
 
@@ -86,6 +88,18 @@ class DeviceLock:
         finally:
             self._note("loading or checking")
             fcntl.flock(self._fd, fcntl.LOCK_SH)  # from exclusive: never waits
+
+    @contextmanager
+    def let_go(self):
+        """The shared hold given up while this run waits for something else (another job's AR answer
+        under baseline=shared's file lock): a run that waits on another lock while holding this one
+        could wait for a run that waits, in turn, for this one to let go."""
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            with self._in_line():
+                self._take(self._fd, fcntl.LOCK_SH)
 
     @contextmanager
     def _in_line(self):

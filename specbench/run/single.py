@@ -64,7 +64,8 @@ def baseline_for(session: Session) -> baselines.Baseline:
         return baselines.Reused(ar_dir, ids)
     if cfg.baseline == "shared":
         return baselines.Shared(results_dir_for(cfg, "ar"), dict(identity(plan), method="ar", method_params={}),
-                                plan.recorded(), provenance=session.timing.provenance)
+                                plan.recorded(), provenance=session.timing.provenance,
+                                waiting=session.timing.waiting)
     return baselines.Interleaved(session.folder / "baseline_answers.jsonl")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import json
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -24,11 +24,13 @@ from specbench.errors import SettingsError
 
 
 @contextmanager
-def file_lock(path: Path):
-    """An exclusive advisory lock (flock) held for the block; works across processes."""
+def file_lock(path: Path, waiting=nullcontext):
+    """An exclusive advisory lock (flock) held for the block; works across processes. `waiting`: the
+    context the wait for it runs in (a run lets go of its device's timing lock there)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        with waiting():
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -38,12 +40,16 @@ def file_lock(path: Path):
 class SharedBaseline:
     """AR answers kept in the shared ar-... directory; missing ones are made on demand."""
 
-    def __init__(self, ar_dir: Path, identity: dict, cfg: dict, provenance: dict | None = None):
+    def __init__(self, ar_dir: Path, identity: dict, cfg: dict, provenance: dict | None = None,
+                 waiting=nullcontext):
         self.dir = Path(ar_dir)
         self.answers = self.dir / "answers.jsonl"
         self.lock = self.dir / ".shared.lock"
+        # a job that holds the lock may be waiting to time its AR answer: wait for it without holding
+        # the device (run/device_lock.py let_go), or the two wait for each other
+        self.waiting = waiting
         self.dir.mkdir(parents=True, exist_ok=True)
-        with file_lock(self.lock):
+        with file_lock(self.lock, waiting):
             cfg_file = self.dir / "run_config.json"
             if cfg_file.is_file():
                 old = json.loads(cfg_file.read_text())["identity"]
@@ -66,7 +72,7 @@ class SharedBaseline:
 
         The lock is held while AR runs, so two runs needing the same question never both make it.
         """
-        with file_lock(self.lock):
+        with file_lock(self.lock, self.waiting):
             done = self.load()
             if question_id in done:
                 return done[question_id]

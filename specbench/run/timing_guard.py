@@ -24,9 +24,8 @@ class TimingGuard:
         self.exclusive = bool(cfg.timing.exclusive)
         self.provenance = provenance(cfg.device)
         self.environment = environment_key(self.provenance)
-        uuid = self.provenance.get("gpu_uuid")
-        self.lock = DeviceLock(device_key(cfg.device, uuid), plan.results_dir).shared() if self.exclusive else None
-        self.sampler = LoadSampler(cfg.device, cfg.timing.max_other_load, uuid)
+        self.lock = hold_device(plan, self.provenance)
+        self.sampler = LoadSampler(cfg.device, cfg.timing.max_other_load, self.provenance.get("gpu_uuid"))
 
     @contextmanager
     def timed(self):
@@ -35,6 +34,11 @@ class TimingGuard:
             started = self.sampler.start()
             yield sample
             sample.update(self.sampler.stop(started), exclusive=self.exclusive, environment=self.environment)
+
+    def waiting(self):
+        """A context in which this run waits for another lock without holding the device's
+        (device_lock.DeviceLock.let_go)."""
+        return self.lock.let_go() if self.lock else nullcontext()
 
     def release(self) -> None:
         if self.lock is not None:
@@ -54,3 +58,14 @@ class TimingGuard:
 
 def contended_count(records: list[dict]) -> int:
     return sum(1 for r in records if (r.get("timing") or {}).get("contended"))
+
+
+def hold_device(plan: RunPlan, prov: dict | None = None) -> DeviceLock | None:
+    """The run's device's timing lock, held shared (None with timing.exclusive=false). main.py holds it
+    from the plan to the last report, so that a finished run's plots and logs never run beside another
+    run's timing; the session's guard shares it (one open lock per process)."""
+    cfg = plan.settings
+    if not cfg.timing.exclusive:
+        return None
+    uuid = (prov if prov is not None else provenance(cfg.device)).get("gpu_uuid")
+    return DeviceLock(device_key(cfg.device, uuid), plan.results_dir).shared()
