@@ -3,6 +3,8 @@ extra rows, window warm-up and update, the n-gram pool, candidate tries, and equ
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -233,7 +235,7 @@ def test_drafter_verifies_the_roots_ngrams():
     d.pool.add(4, (9, 9))
     draft = d.propose(DecodeState(tokens=T(1, 2, 5), prompt_len=2, step=1))
     assert draft.tokens.tolist() == [6, 7, 8] and draft.tree.parents == (0, 1, 1)
-    d.merge_candidates = False
+    d.settings = dataclasses.replace(d.settings, merge_candidates=False)
     draft = d.propose(DecodeState(tokens=T(1, 2, 5), prompt_len=2, step=1))
     assert draft.tokens.tolist() == [6, 7, 6, 8] and draft.tree.parents == (0, 1, 0, 3)
 
