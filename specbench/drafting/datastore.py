@@ -292,17 +292,7 @@ def build_trie(conts: np.ndarray, num_draft: int, rule: str = "reference") -> tu
         return [], []
     top = np.lexsort((starts, depths, -counts))[:num_draft]  # best first
     if rule == "reference":
-        cost = np.array([len(set(rows[starts[j], : depths[j] + 1].tolist())) for j in top.tolist()])
-        rank = np.arange(len(top))
-        drop_order = np.lexsort((-rank, -depths[top], -cost))  # costliest, deepest, least frequent first
-        total = int(cost.sum())
-        keep = np.ones(len(top), dtype=bool)
-        for i in drop_order.tolist():
-            if total <= num_draft:
-                break
-            total -= int(cost[i])
-            keep[i] = False
-        top = top[keep]
+        top = _trim_to_budget(rows, starts, depths, top, num_draft)
     order = top[np.lexsort((-counts[top], depths[top]))]  # parent-first: by depth, then frequency
     prefixes: list[tuple[int, ...]] = []
     parents: list[int] = []
@@ -313,3 +303,20 @@ def build_trie(conts: np.ndarray, num_draft: int, rule: str = "reference") -> tu
         prefixes.append(p)
         node_of[p] = len(prefixes)
     return prefixes, parents
+
+
+def _trim_to_budget(rows: np.ndarray, starts: np.ndarray, depths: np.ndarray, top: np.ndarray,
+                    num_draft: int) -> np.ndarray:
+    """REST's `cut_to_choices`: the chosen prefixes `top` (best first) less the costliest paths, a
+    path's cost its number of distinct tokens, until the kept paths' costs add up to num_draft."""
+    cost = np.array([len(set(rows[starts[j], : depths[j] + 1].tolist())) for j in top.tolist()])
+    rank = np.arange(len(top))
+    drop_order = np.lexsort((-rank, -depths[top], -cost))  # costliest, deepest, least frequent first
+    total = int(cost.sum())
+    keep = np.ones(len(top), dtype=bool)
+    for i in drop_order.tolist():
+        if total <= num_draft:
+            break
+        total -= int(cost[i])
+        keep[i] = False
+    return top[keep]
