@@ -17,7 +17,7 @@ from tests.test_config import cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("pld", "tr")
-COMMON = ["task=mini", "task.limit=2", "max_new_tokens=8", "warmup=1", "compile=off", "cost_curve=off",
+COMMON = ["task=mini", "task.limit=2", "max_new_tokens=8", "warmup=0", "compile=off", "cost_curve=off",
           "progress=false", "wandb.enabled=false", "baseline=shared"]
 
 
