@@ -4,6 +4,7 @@ reports made after it (report/reporting.py: the sweep's results.csv, wandb), and
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 from specbench.run import lossless
 from specbench.run import schemas as _schemas  # noqa: F401  (registers the typed settings with Hydra)
@@ -13,37 +14,39 @@ from specbench.run.plan import plan_run, run_settings
 def run_benchmark(given, hold_until_exit: bool = False) -> dict:
     """Run, write answers and summary, print the table. Returns the summary. `given`: the settings,
     Hydra's plain dict (run.py), one written by hand, or a config.RunConfig; typed, checked and
-    resolved once here, into the plan the run reads (run/plan.py). From the plan to the last report
-    the run holds its device's timing lock (run/timing_guard.py), so its untimed work never runs beside
-    another run's timing; `hold_until_exit` (run.py's jobs): until the process ends, its teardown
-    included (a second or two of CPU that would land in the next job's timing)."""
-    from specbench.run.timing_guard import hold_device
-
-    plan = plan_run(given)  # every setting checked before anything loads
-    hold = hold_device(plan)
-    try:
-        return _run_and_report(plan)
-    finally:
-        if hold is not None and not hold_until_exit:
-            hold.release()
-
-
-def _run_and_report(plan) -> dict:
+    resolved once here, into the plan the run reads (run/plan.py). To its last report the run holds its
+    device's timing lock (run/timing_guard.py), so its untimed work never runs beside another run's
+    timing; `hold_until_exit` (run.py's jobs): until the process ends, its teardown included (a second
+    or two of CPU that would land in the next job's timing)."""
     from specbench.report.reporting import after_run, after_serving_run
 
+    plan = plan_run(given)  # every setting checked before anything loads
     if plan.settings.is_serving:  # concurrent requests: run/serving.py
         from specbench.run.serving import run_serving
 
-        summary = run_serving(plan)
-        after_serving_run(summary)  # prints this run's table, writes the folder's; warns, never fails
+        summary, device = run_serving(plan)
+        with _held_until_reported(device, hold_until_exit):
+            after_serving_run(summary)  # prints this run's table, writes the folder's; warns, never fails
         return summary
     from specbench.report.console import print_finished
     from specbench.run.single import run_single
 
     done = run_single(plan)
-    print_finished(done.summary)
-    after_run(done.plan.recorded(), done.summary, done.records, done.baseline, done.out_dir)  # warns, never fails
+    with _held_until_reported(done.device, hold_until_exit):
+        print_finished(done.summary)
+        after_run(done.plan.recorded(), done.summary, done.records, done.baseline, done.out_dir)  # warns, never fails
     return done.summary
+
+
+@contextmanager
+def _held_until_reported(device, hold_until_exit: bool):
+    """The run's device lock, held shared while its reports are written (plots, wandb): released after
+    them, or never (the kernel drops it as the process ends)."""
+    try:
+        yield
+    finally:
+        if not hold_until_exit:
+            device.release()
 
 
 def main_exit_code(summary: dict, given) -> int:

@@ -37,7 +37,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Each worker, and the runs it starts, takes its own timing lock (run/device_lock.py): the suite's runs are
 # tests, not measurements, and two workers queueing for one lock would make the suite serial.
 # tests/test_timing_lock.py shares one between processes on purpose.
-os.environ.setdefault("SPECBENCH_LOCK_DIR", str(Path(tempfile.gettempdir()) / f"specbench-test-locks-{os.getpid()}"))
+# Set in each process that imports this file (xdist's workers too, which would otherwise inherit the
+# controller's folder and share it).
+os.environ["SPECBENCH_LOCK_DIR"] = str(Path(tempfile.gettempdir()) / f"specbench-test-locks-{os.getpid()}")
 
 
 @pytest.fixture(autouse=True)

@@ -29,6 +29,7 @@ from specbench.run.results_io import read_json, write_json_atomic
 from specbench.run.serving_metrics import poisson_arrivals, serving_figures
 from specbench.config import RunConfig, RunPlan
 from specbench.run.session import SERVING, Session, open_session
+from specbench.run.timing_guard import TimingGuard
 from specbench.decoding.batched import BatchedEngine, DrafterPool, Request
 from specbench.speculation.batch_policy import BatchCost, BatchGoodput, FixedSpeculation, measure_batch_cost
 from specbench.inputs.chat import first_turn, prompt_ids
@@ -36,11 +37,13 @@ from specbench.inputs.tasks import WARMUP_QUESTION
 from specbench.registry import build_drafter
 
 
-def run_serving(plan: RunPlan) -> dict:
-    """Both sides timed, every output checked, summary written and printed. Returns the summary."""
+def run_serving(plan: RunPlan) -> tuple[dict, TimingGuard]:
+    """Both sides timed, every output checked, summary written and printed. Returns the summary and the
+    device's timing guard, still held shared: released once the reports are written (main.py)."""
     session = open_session(plan, SERVING)
     try:
-        return _serve(session)
+        summary = _serve(session)
+        return summary, session.handover()
     finally:
         session.close()
 

@@ -134,6 +134,14 @@ class Session:
         write_json_atomic(self.folder / self.kind.config_file,
                           {"identity": self.kind.identity(self.plan), "config": self.plan.recorded(), **extra})
 
+    def handover(self) -> TimingGuard:
+        """The folder let go, the device's timing guard kept (held shared) for the caller to release once
+        the run's reports are written (specbench/main.py)."""
+        guard = self.timing
+        self._held.remove(guard)
+        _release(self._held)
+        return guard
+
     def close(self) -> None:
         _release(self._held)
 

@@ -19,6 +19,7 @@ from specbench.run.question_loop import answer_questions, warm_up
 from specbench.run.results_io import repair_jsonl, write_json_atomic
 from specbench.run.session import SINGLE, Session, open_session
 from specbench.run.summary import summarize
+from specbench.run.timing_guard import TimingGuard
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Finished:
     records: list[dict]
     baseline: list[dict]
     out_dir: Path
+    device: TimingGuard  # the device's timing lock, still held shared: released once the reports are written
 
 
 def run_single(plan: RunPlan) -> Finished:
@@ -47,7 +49,9 @@ def run_single(plan: RunPlan) -> Finished:
                         session.tok, session.questions, cfg.model.chat_template, cfg.max_new_tokens,
                         session.sampler)
         answer_questions(session, baseline, drafter if plan.method != "ar" else ar, ar, done)
-        return finish(session, baseline, drafter, done)
+        finished = finish(session, baseline, drafter, done)
+        finished.device = session.handover()
+        return finished
     finally:
         session.close()
 
@@ -94,4 +98,4 @@ def finish(session: Session, baseline: baselines.Baseline, drafter, done: dict) 
         summary["baseline_dir"] = str(baseline.directory)
     summary["timing"] = session.timing.summary(records, [] if plan.method == "ar" else base)
     write_json_atomic(session.folder / "summary.json", summary)
-    return Finished(plan, summary, records, base, session.folder)
+    return Finished(plan, summary, records, base, session.folder, session.timing)

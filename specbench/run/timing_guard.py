@@ -61,9 +61,8 @@ def contended_count(records: list[dict]) -> int:
 
 
 def hold_device(plan: RunPlan, prov: dict | None = None) -> DeviceLock | None:
-    """The run's device's timing lock, held shared (None with timing.exclusive=false). main.py holds it
-    from the plan to the last report, so that a finished run's plots and logs never run beside another
-    run's timing; the session's guard shares it (one open lock per process)."""
+    """The run's device's timing lock, held shared (None with timing.exclusive=false); runs of one
+    process share one (device_lock._OPEN)."""
     cfg = plan.settings
     if not cfg.timing.exclusive:
         return None
