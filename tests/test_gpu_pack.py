@@ -141,10 +141,10 @@ def test_skipped_stages_and_stages_without_time_start_no_process(tmp_path, monke
 
 
 def test_a_stage_command_names_the_entry_script_and_passes_the_run_options(tmp_path):
-    args = SimpleNamespace(cpu=True, max_new_tokens=16, methods="pld,tr")
+    args = SimpleNamespace(cpu=True, max_new_tokens=16, methods="pld,tr", rounds=2)
     cmd = driver.stage_command("real_model", tmp_path, 123.0, args)
     assert cmd[2] == str(ROOT / "scripts" / "gpu_check.py") and cmd[3:5] == ["_stage", "real_model"]
-    assert cmd[-4:] == ["16", "--cpu", "--methods", "pld,tr"]
+    assert cmd[-6:] == ["16", "--rounds", "2", "--cpu", "--methods", "pld,tr"]
 
 
 def test_the_output_folder_limits_match_what_comes_back(tmp_path):

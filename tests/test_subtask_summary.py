@@ -48,3 +48,13 @@ def test_console_tables_name_the_buckets():
 def test_bytes_read_in_their_unit():
     assert [format_bytes(n) for n in (None, 400, 1536, 2 ** 20, 3 * 2 ** 30 // 2)] == [
         "-", "400 B", "1.5 KiB", "1.0 MiB", "1.5 GiB"]
+
+
+def test_the_step_split_is_ms_per_decoding_step_by_phase_over_every_turn():
+    from specbench.run.summary import step_split_ms
+
+    records = [{"turns": [{"decoding_steps": 2, "phase_seconds": {"propose": 0.002, "forward": 0.004}},
+                          {"decoding_steps": 2, "phase_seconds": {"propose": 0.002, "forward": 0.008}}]},
+               {"turns": [{"decoding_steps": 5}]}]  # an older record without phases: left out
+    assert step_split_ms(records) == {"propose": 1.0, "forward": 3.0}
+    assert step_split_ms([{"turns": [{"decoding_steps": 3}]}]) is None

@@ -40,6 +40,7 @@ def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str,
             "step_drafted": r.step_drafted, "step_times": r.step_times,
             # the drafter's host seconds per step, propose and observe apart, where the engine measured them
             **{k: getattr(r, k) for k in ("step_propose_times", "step_observe_times") if hasattr(r, k)},
+            "phase_seconds": r.phase_seconds,  # the turn's steps by phase (decoding/step.py PHASES), summed
             **memory.turn_memory(r.kv_cache_bytes, drafter, engine.device, shared),
         })
     rec = {"question_id": q.question_id, "category": q.category, "subtask": q.subtask,

@@ -31,6 +31,7 @@ def summarize(plan: RunPlan, records: list[dict], base: list[dict], checks: list
         **lossless_figures(records, checks, len(records) if questions is None else questions),
         "drafter_stats": metrics.sum_statistics([r.get("drafter_stats") for r in records]),
         "drafter_host_ms": drafter_host_ms(records),
+        "step_split_ms": step_split_ms(records), "baseline_step_split_ms": step_split_ms(base),
         **bound_figures(curve, records),
         "warmup": cfg.warmup, "warmup_on": cfg.warmup_on,
         "forward": plan.forward, "host_memory": cfg.host_memory,
@@ -102,3 +103,16 @@ def drafter_host_ms(records: list[dict]) -> dict | None:
         if times:
             out[name] = round(1000 * sum(times) / len(times), 4)
     return out or None
+
+
+def step_split_ms(records: list[dict]) -> dict | None:
+    """Mean milliseconds per decoding step in each of the step's phases (decoding/step.py PHASES: the
+    drafter's propose, the host's work before the forward, the forward's launch or graph replay,
+    verification, the wait for the device's one read, the drafter's observe), over every turn that
+    recorded them; None where none did."""
+    turns = [t for r in records for t in r["turns"] if t.get("phase_seconds") and t.get("decoding_steps")]
+    steps = sum(t["decoding_steps"] for t in turns)
+    if not steps:
+        return None
+    phases = list(dict.fromkeys(k for t in turns for k in t["phase_seconds"]))
+    return {k: round(1000 * sum(t["phase_seconds"].get(k, 0.0) for t in turns) / steps, 4) for k in phases}

@@ -38,7 +38,7 @@ def run_one_stage(name: str, args, runner=None) -> int:
     ctx = {"work": work, "cuda": torch.cuda.is_available() and not args.cpu, "deadline": args.deadline,
            "manifest": node.read_manifest(), "env": stage_env(args.cpu), "max_new_tokens": args.max_new_tokens,
            "log": work / f"{name}.log", "methods": args.methods.split(",") if args.methods else None,
-           "runner": runner}
+           "runner": runner, "rounds": args.rounds}
     try:
         result = STAGE_FUNCTIONS[name](ctx)
     except Exception as e:  # noqa: BLE001 - a stage's failure is its result; the next stage runs anyway
@@ -81,7 +81,7 @@ def archive(work: Path, target: Path) -> None:
 
 def stage_command(name: str, work: Path, deadline: float, args) -> list[str]:
     cmd = [sys.executable, "-u", str(ENTRY), "_stage", name, "--work", str(work), "--deadline", str(deadline),
-           "--max-new-tokens", str(args.max_new_tokens)]
+           "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(args.rounds)]
     return cmd + (["--cpu"] if args.cpu else []) + (["--methods", args.methods] if args.methods else [])
 
 
@@ -160,6 +160,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
         p.add_argument("--max-new-tokens", type=int, default=None,
                        help=f"per turn in the real-model stages (default: {MAX_NEW_TOKENS['gpu']} on a GPU, "
                             f"{MAX_NEW_TOKENS['cpu']} on the CPU)")
+        p.add_argument("--rounds", type=int, default=3,
+                       help="rounds of every method in the compiled real-model stage (each method once before any twice)")
         p.add_argument("--methods", default="", help=f"comma list for the real-model stages (default: "
                        f"{','.join(LEADING_METHODS)}; all: every registered method)")
     run.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"))

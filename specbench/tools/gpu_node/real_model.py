@@ -119,7 +119,9 @@ def summary_row(s: dict, verdict: str) -> dict:
             "questions": s["questions"], "forward_used": s.get("forward"), "lossless": verdict,
             "tokens_checked": lo.get("tokens_checked"), "tokens_outside_band": lo.get("tokens_outside_band"),
             "mismatches": lo.get("mismatches"), "device": s.get("device"),
-            "band_ulps": band.get("band_ulps"), "band_measured_logits": band.get("measured_logits")}
+            "band_ulps": band.get("band_ulps"), "band_measured_logits": band.get("measured_logits"),
+            "speedup_ci": s.get("speedup_ci"), "drafter_host_ms": s.get("drafter_host_ms"),
+            "step_split_ms": s.get("step_split_ms"), "ar_step_split_ms": s.get("baseline_step_split_ms")}
 
 
 def _failure(e: BaseException) -> str:
@@ -163,41 +165,70 @@ def run_method(ctx: dict, name: str, method: str, overrides: list[str], row: dic
     return row
 
 
-def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[str]) -> dict:
-    """The warm-up, then each method while the stage's time allows; the rows are written after each, so
-    a budget that ends the stage leaves those done."""
+def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[str], rounds: int = 1) -> dict:
+    """The warm-up, then each method while the stage's time allows, `rounds` times over (every method
+    once before any twice, so a short slot still has each); the rows are written after each, so a
+    budget that ends the stage leaves those done."""
     root = ctx["work"] / "runs" / name
     sampler = NodeSampler(ctx["work"], name) if ctx["cuda"] else None
     warm = warm_up(ctx, name, real_model_overrides(ctx, dtype, forward, root / "warmup", warm_up=True))
     rows, last = [], 0.0
-    for m in methods:
-        left = ctx["deadline"] - time.time()
-        if left < 1.5 * last:
-            rows.append({"method": m, "status": SKIP_TIME})
-            continue
-        print(f"gpu_check: {name}: {m} ({left:.0f} s left)", flush=True)
-        start = time.time()
-        row = run_method(ctx, name, m, real_model_overrides(ctx, dtype, forward, root),
-                         {"method": m, "forward": forward, "dtype": dtype})
-        took = time.time() - start
-        last = took if rows or warm["status"] == "ok" else 0.0  # a guide only when the warm-up paid for loading
-        row["seconds"], row["started"] = round(took, 1), round(start, 1)
-        rows.append(row)
-        print(f"  {name}: {m} {row['status']} in {took:.0f} s (median step {row.get('step_ms')} ms, "
-              f"AR {row.get('ar_step_ms')} ms)", flush=True)
-        (ctx["work"] / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    for rnd in range(1, rounds + 1):
+        # each round a folder of its own: a run in the same folder would resume, not run again
+        where = root if rounds == 1 else root / f"round{rnd}"
+        for m in methods:
+            left = ctx["deadline"] - time.time()
+            if left < 1.5 * last:
+                rows.append({"method": m, "round": rnd, "status": SKIP_TIME})
+                continue
+            print(f"gpu_check: {name}: {m}, round {rnd} of {rounds} ({left:.0f} s left)", flush=True)
+            start = time.time()
+            row = run_method(ctx, name, m, real_model_overrides(ctx, dtype, forward, where),
+                             {"method": m, "round": rnd, "forward": forward, "dtype": dtype})
+            took = time.time() - start
+            last = took if rows or warm["status"] == "ok" else 0.0  # a guide only when the warm-up paid for loading
+            row["seconds"], row["started"] = round(took, 1), round(start, 1)
+            rows.append(row)
+            print(f"  {name}: {m} {row['status']} in {took:.0f} s (median step {row.get('step_ms')} ms, "
+                  f"AR {row.get('ar_step_ms')} ms)", flush=True)
+            (ctx["work"] / f"{name}.json").write_text(json.dumps(rows, indent=1))
     return methods_result(rows, warm, sampler.stop() if sampler else {}, dtype, forward)
 
 
 def methods_result(rows: list[dict], warm: dict, node: dict, dtype: str, forward: str) -> dict:
+    """The stage's status and detail: PASS when every method ran at least once and none failed,
+    PARTIAL when the time ran out before some method's first run."""
     bad = [r for r in rows if r["status"] not in ("ok", SKIP_TIME)]
-    skipped = [r["method"] for r in rows if r["status"] == SKIP_TIME]
-    detail = f"{sum(r['status'] == 'ok' for r in rows)}/{len(rows)} methods ok ({dtype}, {forward})"
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    done = {m: sum(r["method"] == m and r["status"] == "ok" for r in rows) for m in methods}
+    never = [m for m in methods if not any(r["method"] == m and r["status"] != SKIP_TIME for r in rows)]
+    detail = f"{sum(n > 0 for n in done.values())}/{len(methods)} methods ok ({dtype}, {forward})"
+    if max(r.get("round", 1) for r in rows or [{}]) > 1:
+        detail += "; rounds per method: " + " ".join(f"{m} {n}" for m, n in done.items())
     if bad:
         detail += "; " + "; ".join(f"{r['method']}: {r['status']}" for r in bad)
-    if skipped:
-        detail += f"; no time for {', '.join(skipped)}"
+    if never:
+        detail += f"; no time for {', '.join(never)}"
     if warm["status"] != "ok":
         detail += f"; warm-up: {warm['status']}"
-    status = FAIL if bad else (PARTIAL if skipped else PASS)
-    return {"status": status, "detail": detail, "rows": rows, "warmup": warm, "node": node}
+    status = FAIL if bad else (PARTIAL if never else PASS)
+    return {"status": status, "detail": detail, "rows": rows, "warmup": warm, "node": node,
+            "rounds": {m: round_stats([r["speedup"] for r in rows if r["method"] == m and r.get("speedup")])
+                       for m in methods}}
+
+
+# Student's t at 97.5% for n - 1 degrees of freedom: a 95% interval over a handful of rounds
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def round_stats(values: list[float]) -> dict | None:
+    """A method's speedup over its rounds: n, mean, the range and a 95% t-interval of the mean (None
+    for fewer than two rounds: no interval from one); None when it never finished."""
+    if not values:
+        return None
+    n, mean = len(values), statistics.fmean(values)
+    out = {"n": n, "mean": round(mean, 4), "min": round(min(values), 4), "max": round(max(values), 4)}
+    if n > 1:
+        half = T_975.get(n - 1, 1.96) * statistics.stdev(values) / n ** 0.5
+        out["interval"] = [round(mean - half, 4), round(mean + half, 4)]
+    return out

@@ -17,6 +17,10 @@ from specbench.tools.gpu_node.node import FAIL, PASS, ROOT, node_paths
 
 PARTIAL, SKIP_CUDA = "PARTIAL", "SKIP(cuda)"
 SHAPES = {"gpu": ["smollm2-135m", "vicuna-7b", "vicuna-13b"], "cpu": ["tiny-135m", "tiny-7b", "tiny-13b"]}
+# On a GPU only the model shapes' compiled curves: SmolLM2's comes from the compiled real-model runs
+# themselves (their cost_curve.json, the same forward and weights), the eager ones from earlier slots
+GPU_CURVES = [("vicuna-7b", "compiled"), ("vicuna-13b", "compiled")]
+CURVE_WIDTHS = "1,2,4,8,16,32,64,81,128"  # issue 68's rows
 # A cost curve is not started with less than this left (seconds): eager, compiled (inductor, minutes cold)
 CURVE_MIN_SECONDS = {"eager": 10, "compiled": 40}
 
@@ -26,9 +30,13 @@ CURVE_MIN_SECONDS = {"eager": 10, "compiled": 40}
 EAGER_CUDA_TESTS = ["tests/test_cuda.py::test_tr_matrix_update_is_deterministic_on_cuda",
                     "tests/test_engine_device.py::test_tr_on_cuda_equals_ar_on_cuda",
                     "tests/test_gpu_readiness.py::test_on_cuda_a_step_synchronises_within_its_budget"]
-COMPILED_CUDA_TESTS = ["tests/test_cuda.py::test_a_compiled_step_synchronises_once",  # one compile (float16)
-                       "tests/test_cuda.py::test_compiled_tr_equals_eager_ar",  # three: float32, float16, bfloat16
-                       "tests/test_cuda.py::test_compiled_ar_equals_eager_ar_on_a_sliding_window_model"]
+COMPILED_CUDA_TESTS = [  # the capture and replay of the fixed-shape step first: new since the last lent GPU
+    "tests/test_cuda.py::test_replayed_logits_equal_eager_within_the_band",  # three dtypes, tiny model
+    "tests/test_cuda.py::test_a_growing_cache_recaptures_for_the_larger_capacity",
+    "tests/test_cuda.py::test_a_compiled_step_synchronises_once",  # one compile (float16)
+    "tests/test_cuda.py::test_compiled_tr_equals_eager_ar",  # three: float32, float16, bfloat16
+    "tests/test_cuda.py::test_compiled_ar_equals_eager_ar_on_a_sliding_window_model",
+    "tests/test_cuda.py::test_hidden_state_drafters_decode_as_ar_through_captured_graphs"]  # real model: last
 CUDA_TESTS = EAGER_CUDA_TESTS + COMPILED_CUDA_TESTS
 
 # Run in the probe's own Python, with the carried wheels on its path: they must import
@@ -123,6 +131,8 @@ def curve_job(ctx: dict, shape: str, forward: str, out) -> list[str]:
            "--device", "cuda" if ctx["cuda"] else "cpu", "--dtype", "float16" if ctx["cuda"] else "float32"]
     if not ctx["cuda"]:  # the stand-ins: the command's path, not figures
         cmd += ["--widths", "1,4,16,81", "--repeats", "2"]
+    else:
+        cmd += ["--widths", CURVE_WIDTHS]
     return cmd + (["--compile"] if forward == "compiled" else [])
 
 
@@ -132,8 +142,7 @@ def stage_cost_curves(ctx: dict) -> dict:
     curves and prediction tables go to work/cost/, each job's output into the stage's log."""
     out = ctx["work"] / "cost"
     out.mkdir(exist_ok=True)
-    forwards = ["eager", "compiled"] if ctx["cuda"] else ["eager"]
-    todo = [(s, f) for f in forwards for s in SHAPES["gpu" if ctx["cuda"] else "cpu"]]
+    todo = GPU_CURVES if ctx["cuda"] else [(s, "eager") for s in SHAPES["cpu"]]
     results, failed = [], []
     for i, (shape, forward) in enumerate(todo):
         left = ctx["deadline"] - time.time()
@@ -168,7 +177,8 @@ def stage_real_model_compiled(ctx: dict) -> dict:
     if not ctx["cuda"]:
         return {"status": SKIP_CUDA, "detail": "CUDA graphs need a GPU (the CPU's compiled forward is tested in CI)"}
     return node.needs_weights(ctx["manifest"]) or real_model.run_methods(
-        ctx, "real_model_compiled", "float16", "compiled", real_model.stage_methods(ctx, default=None))
+        ctx, "real_model_compiled", "float16", "compiled", real_model.stage_methods(ctx, default=None),
+        rounds=ctx.get("rounds", 1))
 
 
 def stage_real_model_bf16(ctx: dict) -> dict:
@@ -202,9 +212,9 @@ def stage_step_profile(ctx: dict) -> dict:
 
 
 STAGE_FUNCTIONS = {"probe": stage_probe, "weights": stage_weights,
-                   "real_model_compiled": stage_real_model_compiled, "real_model": stage_real_model,
-                   "cuda_tests": stage_cuda_tests, "real_model_bf16": stage_real_model_bf16,
-                   "cost_curves": stage_cost_curves, "step_profile": stage_step_profile}
+                   "real_model_compiled": stage_real_model_compiled, "cuda_tests": stage_cuda_tests,
+                   "cost_curves": stage_cost_curves, "real_model_bf16": stage_real_model_bf16,
+                   "real_model": stage_real_model, "step_profile": stage_step_profile}
 
 
 def stage_env(cpu: bool) -> dict:
