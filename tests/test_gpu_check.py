@@ -250,6 +250,20 @@ def test_the_method_table_shows_each_methods_step_and_ar_step():
     assert "AR median step 21.0 ms" in text
 
 
+def test_rounds_and_the_step_split_show_in_the_summary():
+    def row(rnd, sp):
+        return {"method": "pld", "round": rnd, "forward_used": "compiled", "dtype": "float16", "speedup": sp,
+                "decode_speedup": sp, "bound": 1.4, "predicted": 1.3, "mat": 1.3, "rows_per_step": 5.0,
+                "tokens_per_s": 9.0, "ar_tokens_per_s": 8.0, "lossless": "exact", "status": "ok",
+                "tokens_checked": 224, "tokens_outside_band": 0, "mismatches": 0,
+                "step_split_ms": {"propose": 0.1, "forward": 0.5}, "ar_step_split_ms": {"propose": 0.0, "forward": 0.4}}
+    rows = [row(1, 1.2), row(2, 1.3), row(3, 1.1)]
+    result = {"rows": rows, "rounds": {"pld": real_model.round_stats([1.2, 1.3, 1.1])}}
+    text = "\n".join(summary.method_lines(result, "real_model_compiled"))
+    assert "| pld (2) |" in text and "| pld | 3 | 1.20x | 1.10x-1.30x |" in text and "| 672 | 0 | 0 |" in text
+    assert "| pld | 0.100 | 0.500 | 0.600 | 0.000 | 0.400 | 0.400 |" in text
+
+
 @pytest.mark.parametrize("cuda", [False, True])
 @pytest.mark.parametrize("questions", [False, True])
 def test_the_real_model_settings_and_the_warm_up_compose(tmp_path, monkeypatch, cuda, questions):

@@ -82,7 +82,10 @@ def bound_figures(curve: cost.CostCurve | None, records: list[dict]) -> dict:
     """The speedup with zero harness overhead on this hardware (speculation/cost.py): against
     decode_speedup, the gap is what drafting, verification and bookkeeping cost."""
     bound = cost.run_bound(curve, records)
+    # the prediction: the same with the drafter's measured host time in each step (docs/cost-model.md)
+    predicted = cost.run_bound(curve, records, drafter_host=True)
     return {"speedup_bound": bound["bound"] if bound else None, "speedup_bound_detail": bound,
+            "speedup_predicted": predicted["bound"] if predicted and "drafter_host_ms" in predicted else None,
             "forward_vs_floor": roofline.forward_vs_floor(curve, bound and bound["mean_rows"])}
 
 

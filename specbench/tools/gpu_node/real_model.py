@@ -114,7 +114,7 @@ def summary_row(s: dict, verdict: str) -> dict:
     lo, sp = s["lossless"], s.get("speedup") or {}
     band = s.get("rounding_band") or {}  # the lossless check's band as measured on this device
     return {"speedup": sp.get("overall"), "decode_speedup": (s.get("decode_speedup") or {}).get("overall"),
-            "bound": s.get("speedup_bound"), "mat": s["mat"], "rows_per_step": s.get("rows_per_step"),
+            "bound": s.get("speedup_bound"), "predicted": s.get("speedup_predicted"), "mat": s["mat"], "rows_per_step": s.get("rows_per_step"),
             "tokens_per_s": s["tokens_per_s"], "ar_tokens_per_s": s.get("baseline_tokens_per_s"),
             "questions": s["questions"], "forward_used": s.get("forward"), "lossless": verdict,
             "tokens_checked": lo.get("tokens_checked"), "tokens_outside_band": lo.get("tokens_outside_band"),

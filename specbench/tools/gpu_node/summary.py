@@ -64,13 +64,14 @@ def method_lines(result: dict, name: str) -> list[str]:
         lines += [f"Warm-up before the first method (AR on one question, not counted): {warm['status']} in "
                   f"{_fmt(warm.get('seconds'), '.0f')} s, AR median step {_fmt(warm.get('ar_step_ms'), '.1f')} ms. "
                   "Each method's AR step should match the others': one far off was disturbed.", ""]
-    lines += ["| method | forward | dtype | speedup | decode | bound | MAT | rows/step | tokens/s | AR tokens/s | "
+    lines += ["| method | forward | dtype | speedup | decode | bound | predicted | MAT | rows/step | tokens/s | AR tokens/s | "
               "step ms | AR step ms | band (ulps; measured logits) | lossless |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['method']}{'' if r.get('round', 1) == 1 else ' (' + str(r['round']) + ')'} | "
                      f"{r.get('forward_used')} | {r['dtype']} | {_times(r['speedup'])} | "
-                     f"{_times(r['decode_speedup'])} | {_times(r['bound'])} | {_fmt(r['mat'], '.2f')} | "
+                     f"{_times(r['decode_speedup'])} | {_times(r['bound'])} | {_times(r.get('predicted'))} | "
+                     f"{_fmt(r['mat'], '.2f')} | "
                      f"{_fmt(r['rows_per_step'], '.1f')} | {_fmt(r['tokens_per_s'], '.1f')} | "
                      f"{_fmt(r['ar_tokens_per_s'], '.1f')} | {_fmt(r.get('step_ms'), '.1f')} | "
                      f"{_fmt(r.get('ar_step_ms'), '.1f')} | {_fmt(r.get('band_ulps'), '.0f')}; "
