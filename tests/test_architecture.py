@@ -25,6 +25,7 @@ LAYERS = {
     "specbench.errors": 0,
     "specbench.timing": 0,
     "specbench.markdown": 0,
+    "specbench.intervals": 0,
     "specbench.draft": 0,
     "specbench.numerics": 0,
     "specbench.environment": 0,

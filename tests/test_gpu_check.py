@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from specbench.tools.gpu_node import driver, jobs, limits, node, pack, real_model, stages, summary
+from specbench.intervals import round_stats
 from specbench.tools.gpu_node.monitor import NodeSampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,13 +212,6 @@ def test_a_round_of_every_method_comes_before_any_method_twice(tmp_path, monkeyp
     assert [(r["method"], r["round"]) for r in res["rows"]] == [("pld", 1), ("tr", 1), ("pld", 2), ("tr", 2)]
 
 
-def test_round_stats_give_a_mean_range_and_interval():
-    st = real_model.round_stats([1.0, 1.2, 1.1])
-    assert st["n"] == 3 and st["mean"] == pytest.approx(1.1) and (st["min"], st["max"]) == (1.0, 1.2)
-    assert st["interval"] == pytest.approx([1.1 - 4.303 * 0.1 / 3 ** 0.5, 1.1 + 4.303 * 0.1 / 3 ** 0.5], abs=1e-4)
-    assert "interval" not in real_model.round_stats([1.3]) and real_model.round_stats([]) is None
-
-
 def test_a_stage_gets_its_budget_and_what_earlier_stages_left_unused():
     stages = [limits.Stage(n, b, b, "") for n, b in (("a", 100), ("b", 50), ("c", 30))]
     assert limits.stage_budget(stages, 0, 180, cpu=False) == 100
@@ -258,7 +252,7 @@ def test_rounds_and_the_step_split_show_in_the_summary():
                 "tokens_checked": 224, "tokens_outside_band": 0, "mismatches": 0,
                 "step_split_ms": {"propose": 0.1, "forward": 0.5}, "ar_step_split_ms": {"propose": 0.0, "forward": 0.4}}
     rows = [row(1, 1.2), row(2, 1.3), row(3, 1.1)]
-    result = {"rows": rows, "rounds": {"pld": real_model.round_stats([1.2, 1.3, 1.1])}}
+    result = {"rows": rows, "rounds": {"pld": round_stats([1.2, 1.3, 1.1])}}
     text = "\n".join(summary.method_lines(result, "real_model_compiled"))
     assert "| pld (2) |" in text and "| pld | 3 | 1.20x | 1.10x-1.30x |" in text and "| 672 | 0 | 0 |" in text
     assert "| pld | 0.100 | 0.500 | 0.600 | 0.000 | 0.400 | 0.400 |" in text

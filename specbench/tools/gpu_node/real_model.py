@@ -2,7 +2,7 @@
 model loads once), AR interleaved, every token checked, after a throwaway AR run that takes the
 loading, conversion, rounding band, cost curve and the GPU's first use out of the first method's
 figures. A method that fails is recorded and the next one runs; none starts without 1.5 times what the
-previous one took.
+median method so far took; `rounds` runs every method once before any twice.
 
 The runner comes in as `ctx["runner"]`, a function from the settings' overrides to (summary, exit code,
 lossless verdict line): `scripts/gpu_check.py` makes it from Hydra and `specbench.main`, which tools/
@@ -16,11 +16,14 @@ import time
 import traceback
 from pathlib import Path
 
+from specbench.intervals import round_stats
 from specbench.tools.gpu_node.monitor import NodeSampler
 from specbench.tools.gpu_node.node import node_paths
 
-# Methods in the order their figures matter most, should a stage's time run out
-PRIORITY = ["tr_fused", "tr", "tr_adaptive", "pld", "suffix", "eagle", "samd", "lookahead", "rest", "medusa", "sps"]
+# Methods in the order their figures matter most, should a stage's time run out; EAGLE and Medusa last
+# and together: the first of them compiles the hidden-state graphs (90 s on the H200, 2026-11-28), the
+# other reuses them
+PRIORITY = ["tr_fused", "tr", "tr_adaptive", "pld", "suffix", "samd", "lookahead", "rest", "sps", "eagle", "medusa"]
 # The real-model stages' methods unless --methods says otherwise (`--methods all`: every registered one)
 LEADING_METHODS = ["tr_fused", "tr", "tr_adaptive", "pld", "suffix"]
 # New tokens per turn: 32 on the GPU (every method within real_model's budget, docs/gpu.md), 16 on the CPU
@@ -172,13 +175,15 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
     root = ctx["work"] / "runs" / name
     sampler = NodeSampler(ctx["work"], name) if ctx["cuda"] else None
     warm = warm_up(ctx, name, real_model_overrides(ctx, dtype, forward, root / "warmup", warm_up=True))
-    rows, last = [], 0.0
+    rows, took_so_far = [], []
     for rnd in range(1, rounds + 1):
         # each round a folder of its own: a run in the same folder would resume, not run again
         where = root if rounds == 1 else root / f"round{rnd}"
         for m in methods:
             left = ctx["deadline"] - time.time()
-            if left < 1.5 * last:
+            # the guide: the median method so far, not the last (one that compiled graphs of its own,
+            # EAGLE's hidden states, must not make every method after it look unaffordable)
+            if left < 1.5 * (statistics.median(took_so_far) if took_so_far else 0.0):
                 rows.append({"method": m, "round": rnd, "status": SKIP_TIME})
                 continue
             print(f"gpu_check: {name}: {m}, round {rnd} of {rounds} ({left:.0f} s left)", flush=True)
@@ -186,7 +191,8 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
             row = run_method(ctx, name, m, real_model_overrides(ctx, dtype, forward, where),
                              {"method": m, "round": rnd, "forward": forward, "dtype": dtype})
             took = time.time() - start
-            last = took if rows or warm["status"] == "ok" else 0.0  # a guide only when the warm-up paid for loading
+            if rows or warm["status"] == "ok":  # a guide only when the warm-up paid for loading
+                took_so_far.append(took)
             row["seconds"], row["started"] = round(took, 1), round(start, 1)
             rows.append(row)
             print(f"  {name}: {m} {row['status']} in {took:.0f} s (median step {row.get('step_ms')} ms, "
@@ -215,20 +221,3 @@ def methods_result(rows: list[dict], warm: dict, node: dict, dtype: str, forward
     return {"status": status, "detail": detail, "rows": rows, "warmup": warm, "node": node,
             "rounds": {m: round_stats([r["speedup"] for r in rows if r["method"] == m and r.get("speedup")])
                        for m in methods}}
-
-
-# Student's t at 97.5% for n - 1 degrees of freedom: a 95% interval over a handful of rounds
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def round_stats(values: list[float]) -> dict | None:
-    """A method's speedup over its rounds: n, mean, the range and a 95% t-interval of the mean (None
-    for fewer than two rounds: no interval from one); None when it never finished."""
-    if not values:
-        return None
-    n, mean = len(values), statistics.fmean(values)
-    out = {"n": n, "mean": round(mean, 4), "min": round(min(values), 4), "max": round(max(values), 4)}
-    if n > 1:
-        half = T_975.get(n - 1, 1.96) * statistics.stdev(values) / n ** 0.5
-        out["interval"] = [round(mean - half, 4), round(mean + half, 4)]
-    return out
