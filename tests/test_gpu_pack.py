@@ -5,6 +5,7 @@ parts assemble into the weights on the node, and which stages a run asks for."""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import time
@@ -150,3 +151,45 @@ def test_a_stage_command_names_the_entry_script_and_passes_the_run_options(tmp_p
 def test_the_output_folder_limits_match_what_comes_back(tmp_path):
     (tmp_path / "big.bin").write_bytes(b"\0" * (limits.OUT_FILE_BYTES + 1))
     assert limits.check_output_folder(tmp_path) == ["big.bin is 16.0 MiB, at most 16 come back"]
+
+
+def test_the_compile_cache_goes_back_in_parts_and_is_restored_whole(tmp_path):
+    from specbench.tools.gpu_node import compile_cache
+
+    src = tmp_path / "node" / "inductor"
+    (src / "fxgraph" / "ab").mkdir(parents=True)
+    (src / "fxgraph" / "ab" / "entry").write_bytes(os.urandom(5000))  # incompressible: several parts
+    (src / "triton" / "0").mkdir(parents=True)
+    (src / "triton" / "0" / "kernel.cubin").write_bytes(b"k" * 100)
+    out = tmp_path / "out"
+    out.mkdir()
+    line = compile_cache.save(src, out, part_bytes=2000, max_parts=4)
+    parts = compile_cache.parts_in(out)
+    assert len(parts) == 3 and "2 files" in line
+    assert "left on the node" in compile_cache.save(src, tmp_path, part_bytes=2000, max_parts=2)
+    target = tmp_path / "fresh" / "inductor"
+    assert "2 files restored from 3 part(s)" in compile_cache.restore(out, target)
+    assert (target / "fxgraph" / "ab" / "entry").read_bytes() == (src / "fxgraph" / "ab" / "entry").read_bytes()
+    (out / parts[1].name).write_bytes(b"torn")  # a broken part: said, and the run compiles as before
+    assert compile_cache.restore(out, tmp_path / "again" / "inductor").startswith("warning: compile cache not restored")
+    assert compile_cache.save(tmp_path / "empty", out).endswith("none brought back")
+
+
+def test_the_pack_carries_the_kept_compile_cache_only_where_it_fits(tmp_path):
+    from specbench.tools.gpu_node import compile_cache
+
+    kept, call = tmp_path / "kept", tmp_path / "gpu" / "call3"
+    kept.mkdir()
+    call.mkdir(parents=True)
+    assert compile_cache.carry(call, 10 << 20, kept)[0] == 0  # none kept
+    (kept / f"{compile_cache.NAME}.part1").write_bytes(b"x" * 3000)
+    (kept / f"{compile_cache.NAME}.part2").write_bytes(b"y" * 1000)
+    size, line = compile_cache.carry(call, 2000, kept)
+    assert size == 0 and "not carried" in line and not (call / "compile_cache").exists()
+    size, line = compile_cache.carry(call, 10 << 20, kept)
+    assert size == 4000 and sorted(p.name for p in (call / "compile_cache").iterdir()) == \
+        [f"{compile_cache.NAME}.part1", f"{compile_cache.NAME}.part2"]
+    # the node gathers them with the call's other folders, where the run restores them from
+    node.stage_carried(tmp_path / "gpu", tmp_path / "node")
+    assert [p.name for p in compile_cache.parts_in(node.node_paths(tmp_path / "node")["compile_cache"])] == \
+        [f"{compile_cache.NAME}.part1", f"{compile_cache.NAME}.part2"]

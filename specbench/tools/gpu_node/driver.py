@@ -15,7 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
-from specbench.tools.gpu_node import limits, node
+from specbench.tools.gpu_node import compile_cache, limits, node
 from specbench.tools.gpu_node.jobs import last_line, run_stage_process
 from specbench.tools.gpu_node.limits import STAGES, check_output_folder, stage_budget
 from specbench.tools.gpu_node.real_model import LEADING_METHODS, MAX_NEW_TOKENS
@@ -130,6 +130,7 @@ def run_all(args) -> int:
     present, missing = node.parts_status(manifest)
     say(f"gpu_check: {'CPU rehearsal' if args.cpu else 'GPU'} run, {args.budget} s in all; weight parts here: "
         f"{len(present)}/{len(present) + len(missing)}")
+    say(compile_cache.restore(node.node_paths()["compile_cache"], compile_cache.cache_dir()))
     results = run_stages(args, work, limits.skipped_stages(args.skip), start, say)
     (work / "stages.json").write_text(json.dumps(results, indent=1, default=str))
     summary = summary_markdown(results, work, args.cpu)
@@ -137,6 +138,7 @@ def run_all(args) -> int:
     archive(work, out / "results.tar.gz")
     shutil.copyfile(work / "summary.md", out / "summary.md")
     shutil.copyfile(work / "stages.json", out / "stages.json")
+    say(compile_cache.save(compile_cache.cache_dir(), out))  # for the next slot (docs/gpu.md)
     say(f"gpu_check: done in {time.time() - start:.0f} s; {out}: " + ", ".join(sorted(f.name for f in out.iterdir())))
     log.close()
     print(summary)  # the table last: the call's output tail is what comes back first

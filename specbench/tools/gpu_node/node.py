@@ -20,6 +20,7 @@ PASS, FAIL = "PASS", "FAIL"
 def node_paths(node: Path | None = None) -> dict:
     node = node or NODE_DIR
     return {"node": node, "wheels": node / "wheels", "parts": node / "parts", "questions": node / "questions",
+            "compile_cache": node / "compile_cache",
             "site": node / "site", "cache": node / "cache", "work": node / "work",
             "manifest": node / "manifest.json"}
 
@@ -38,7 +39,7 @@ def stage_carried(carried: Path = CARRIED, node: Path | None = None) -> dict:
     """Gather what this call carried (.gpu/call*/) into the node's folder; returns the manifest (or {})."""
     p = node_paths(node)
     for folder in sorted(carried.glob("call*")):
-        for sub in ("wheels", "parts", "questions"):
+        for sub in ("wheels", "parts", "questions", "compile_cache"):
             for f in sorted((folder / sub).glob("*")):
                 p[sub].mkdir(parents=True, exist_ok=True)
                 if not (p[sub] / f.name).is_file() or (p[sub] / f.name).stat().st_size != f.stat().st_size:

@@ -22,6 +22,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from specbench.tools.gpu_node import compile_cache
 from specbench.tools.gpu_node.limits import CALL_LIMIT, MARGIN, MAX_CALLS
 from specbench.tools.gpu_node.node import ROOT, sha256_file
 
@@ -150,8 +151,11 @@ def pack(out: Path, model: str, questions: Path | None, limit: int = CALL_LIMIT)
         for i, size in enumerate(sizes, 1):
             parts.append(write_call(out / f"call{i}", src, i, size, offset, {"wheels": wheels, "questions": extra}))
             offset += size
+    # the compiler's cache the last slot brought back, in the last call where it fits (compile_cache.py)
+    last = call_plan(out, tree, len(sizes))[-1]
+    _, cache_line = compile_cache.carry(out / f"call{len(sizes)}", limit - MARGIN - last["bytes"])
     manifest = {"weights": {"model": model, "file": gguf.name, "size": gguf.stat().st_size, "sha256": whole,
-                            "parts": parts},
+                            "parts": parts}, "compile_cache": cache_line,
                 "wheels": [w.name for w in wheels], "questions": bool(extra), "tree_bytes": tree, "limit": limit,
                 "max_calls": MAX_CALLS, "calls": call_plan(out, tree, len(sizes))}
     for i in range(1, len(sizes) + 1):
@@ -186,6 +190,7 @@ def plan_text(manifest: dict) -> str:
     lines = [f"checkout {manifest['tree_bytes'] / 2**20:.1f} MiB; {w['file']} {w['size'] / 2**20:.1f} MiB in "
              f"{len(w['parts'])} parts; {len(manifest['wheels'])} wheels; questions "
              f"{'carried' if manifest['questions'] else 'none (task=mini)'}",
+             manifest.get("compile_cache", ""),
              "Calls, one after another while the node stays warm (each within a few seconds of the last):"]
     lines += [f"  {i}. carry={c['carry']}  ({c['bytes'] / 2**20:.1f} MiB)  command: {c['command']}"
               for i, c in enumerate(calls, 1)]

@@ -224,7 +224,7 @@ def stage_env(cpu: bool) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(p["site"]), str(ROOT), env.get("PYTHONPATH")]))
     env.update(SPECBENCH_CACHE=str(p["cache"]), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                WANDB_MODE="disabled", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=str(p["cache"] / "torch_extensions"),
-               PIP_NO_INDEX="1")
+               PIP_NO_INDEX="1", TORCHINDUCTOR_CACHE_DIR=str(p["node"] / "inductor"))  # brought back (compile_cache.py)
     if cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
