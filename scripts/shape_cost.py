@@ -10,7 +10,9 @@ no checkpoint. Writes OUT/cost_<shape>_<forward>.json (the curve, roofline inclu
 OUT/predictions_<shape>_<forward>.md (MAT x t(1) / t(rows) per method, from the published MATs and from
 this harness's committed CPU traces: specbench/speculation/predictions.py); prints t(1), t(81)/t(1),
 t(1) against the roofline floor and the table. Widths: a sparse set up to --max-width by default,
-`--widths all` for every width 1..W, or a comma-separated list.
+`--widths all` for every width 1..W, or a comma-separated list. Compiled on CUDA, a width is padded to the
+step's row bucket, as a run pays it; `--buckets widths` compiles a graph per width instead, for the
+forward's own curve (what finer buckets would pay), at a compile each (`_per_width` in the file names).
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--context", type=int, default=400, help="cached tokens before the timed forward")
+    ap.add_argument("--buckets", default="harness", choices=["harness", "widths"],
+                    help="--compile on CUDA: the step's own row buckets (what a run pays: every width padded to "
+                         "its bucket), or one graph per width (the forward's own curve, a compile each)")
     ap.add_argument("--out", required=True, help="folder for the curve and the predictions")
     args = ap.parse_args(argv)
     try:
@@ -103,14 +108,20 @@ def main(argv=None) -> int:
     build_seconds = time.perf_counter() - t0
     print(f"built {args.shape} with random weights on {device} in {args.dtype} in {build_seconds:.1f} s", flush=True)
 
+    per_width = args.compile and args.buckets == "widths"
+    if per_width:  # read by the compiled forward's padding and preparation (decoding/compiled.py)
+        import specbench.decoding.compiled as compiled_forward
+
+        compiled_forward.CUDA_ROW_BUCKETS = tuple(widths)
     curve = measure_shape_curve(model, args.shape, widths, context_len=args.context, repeats=args.repeats,
                                 warmup=args.warmup, compiled=args.compile)
     if args.compile and curve.forward == "eager":
         print("warning: the compiled engine fell back to eager: this curve is the eager forward's", file=sys.stderr)
     out = Path(args.out)
-    curve_path = curve.save(out / f"cost_{args.shape}_{curve.forward}.json")
+    tag = f"{curve.forward}_per_width" if per_width and curve.forward != "eager" else curve.forward
+    curve_path = curve.save(out / f"cost_{args.shape}_{tag}.json")
     rows = predictions(curve, args.shape)
-    table_path = out / f"predictions_{args.shape}_{curve.forward}.md"
+    table_path = out / f"predictions_{args.shape}_{tag}.md"
     table_path.write_text(predictions_markdown(curve, args.shape, rows, build_seconds))
 
     print(f"{curve.model} on {curve.device}, {curve.dtype}, {curve.forward} forward, context {curve.context_len}, "
