@@ -212,8 +212,8 @@ def stage_step_profile(ctx: dict) -> dict:
 
 
 STAGE_FUNCTIONS = {"probe": stage_probe, "weights": stage_weights,
-                   "real_model_compiled": stage_real_model_compiled, "cuda_tests": stage_cuda_tests,
-                   "cost_curves": stage_cost_curves, "real_model_bf16": stage_real_model_bf16,
+                   "real_model_compiled": stage_real_model_compiled, "cost_curves": stage_cost_curves,
+                   "cuda_tests": stage_cuda_tests, "real_model_bf16": stage_real_model_bf16,
                    "real_model": stage_real_model, "step_profile": stage_step_profile}
 
 
