@@ -50,7 +50,7 @@ def run_single(plan: RunPlan) -> Finished:
                         session.sampler)
         answer_questions(session, baseline, drafter if plan.method != "ar" else ar, ar, done)
         finished = finish(session, baseline, drafter, done)
-        finished.device = session.handover()
+        session.handover()  # the folder let go; the timing guard (finished.device) stays held for the reports
         return finished
     finally:
         session.close()

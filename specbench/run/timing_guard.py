@@ -60,11 +60,10 @@ def contended_count(records: list[dict]) -> int:
     return sum(1 for r in records if (r.get("timing") or {}).get("contended"))
 
 
-def hold_device(plan: RunPlan, prov: dict | None = None) -> DeviceLock | None:
-    """The run's device's timing lock, held shared (None with timing.exclusive=false); runs of one
-    process share one (device_lock._OPEN)."""
+def hold_device(plan: RunPlan, prov: dict) -> DeviceLock | None:
+    """The run's device's timing lock (by `prov`'s GPU UUID on CUDA), held shared; None with
+    timing.exclusive=false. Runs of one process share one (device_lock._OPEN)."""
     cfg = plan.settings
     if not cfg.timing.exclusive:
         return None
-    uuid = (prov if prov is not None else provenance(cfg.device)).get("gpu_uuid")
-    return DeviceLock(device_key(cfg.device, uuid), plan.results_dir).shared()
+    return DeviceLock(device_key(cfg.device, prov.get("gpu_uuid")), plan.results_dir).shared()
