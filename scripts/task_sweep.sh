@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The per-task sweep behind results/cpu-tasks (issue 70): the methods on task=code_edit and task=agent_loop, the
+# embedded SmolLM2-135M in float32 on this machine's CPU, compiled, 512 new tokens, AR interleaved question by
+# question, every output checked against AR's. Spec-Bench's figures for the same table come from
+# results/cpu-headline-v3 (every method, three runs at each temperature).
+#
+#   bash scripts/task_sweep.sh            # OUT=results/cpu-tasks; phases 1-4 below, in order
+#   PHASES="1 2" bash scripts/task_sweep.sh
+#
+# 1. every method once at T = 0;  2. the leaders once at T = 0.7;  3. and 4. the leaders' second and third
+# runs at both temperatures (each method's runs interleaved with the others', as the headline's are). A killed
+# sweep resumes on rerun (a finished run directory is skipped, a half-finished one resumes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-results/cpu-tasks}
+ALL=${ALL:-tr_fused,suffix,pld,tr_adaptive,tr,samd,lookahead,rest,sps,medusa,eagle}
+LEADERS=${LEADERS:-tr_fused,suffix,pld,tr_adaptive,tr}
+PHASES=${PHASES:-1 2 3 4}
+CODE_EDIT=(task=code_edit task.per_subtask=2)    # each edit kind's first `function` and first `file` prompt
+AGENT_LOOP=(task=agent_loop task.per_subtask=1)  # one session of each kind, all on one module
+mkdir -p "$OUT"
+
+# t(w) at the contexts these tasks reach (prompts up to 2,000 tokens, sessions up to about 4,000)
+[ -f "$OUT/cost_curve.json" ] || python scripts/profile_cost.py --compile \
+  --widths 1,2,4,8,16,32,48,64,81 --contexts 1024,2048,4096 --repeats 3 --out "$OUT/cost_curve.json"
+
+sweep() {  # methods temperature repeat [extra settings]
+  local methods=$1 t=$2 r=$3; shift 3
+  for task in CODE_EDIT AGENT_LOOP; do
+    local -n settings=$task
+    python run.py -m method="$methods" "${settings[@]}" temperature="$t" repeat="$r" "$@" \
+      cost_curve="$OUT/cost_curve.json" baseline=interleave compile=on progress=false results_root="$OUT"
+  done
+}
+
+for phase in $PHASES; do
+  case $phase in
+    1) sweep "$ALL" 0 1; sweep tr_fused 0 1 method.retrieval=suffix ;;
+    2) sweep "$LEADERS,samd" 0.7 1; sweep tr_fused 0.7 1 method.retrieval=suffix ;;
+    3|4) for t in 0 0.7; do sweep "$LEADERS" "$t" $((phase - 1)); sweep tr_fused "$t" $((phase - 1)) method.retrieval=suffix; done ;;
+  esac
+done
+
+python scripts/make_tables.py "$OUT"
