@@ -45,7 +45,7 @@ def recording(drafter, steps: list[dict]):
     def wrapped_propose(state):
         draft = propose(state)
         drafted["probs"] = list(draft.node_probs or []) if draft is not None else None
-        drafted["sources"] = list(getattr(drafter, "_sources", []) or [])
+        drafted["sources"] = list(getattr(getattr(drafter, "chooser", None), "sources", None) or [])
         return draft
 
     def wrapped_observe(outcome):

@@ -146,7 +146,7 @@ def cyclic(d: AdaptiveTokenRecycling) -> AdaptiveTokenRecycling:
     d.matrix[1] = torch.tensor([2, 5], dtype=torch.int32)
     d.matrix[2] = torch.tensor([3, 6], dtype=torch.int32)
     d.matrix[3] = torch.tensor([1, 7], dtype=torch.int32)
-    if d.confidence:  # the model was fairly sure of its rank-0 guesses
+    if d.chooser.confidence:  # the model was fairly sure of its rank-0 guesses
         d.probs[1:4] = torch.tensor([0.75, 0.25])
     return d
 
@@ -160,7 +160,7 @@ def test_adaptive_learns_a_predictable_chain_and_drafts_it(confidence):
     assert last is not None
     # the rank-0 chain (template nodes 1 and 3) is always right; the rank-1 nodes never are
     assert last.tree.parents == (0, 1) and last.tokens.tolist() == [1, 2]  # root 3 -> 1 -> 2
-    assert d.drafted_steps > 0
+    assert d.chooser.drafted_steps > 0
 
 
 @pytest.mark.parametrize("confidence", [True, False])
@@ -169,10 +169,10 @@ def test_adaptive_never_drafts_when_rows_cost_a_step_each(confidence):
     assert all(x is None for x in feed(d, [1, 2, 3] * 20))
     # it still learned that rank 0 is right after a rank-0 hit (bucket 1)
     if confidence:
-        assert d.rates.rates()[d._cell(0.75, 1, bucket=1)] > 0.9
-        assert d.rates.rates()[d._cell(0.25, 2, bucket=1)] < 0.1
+        assert d.chooser.rates.rates()[d.chooser._cell(0.75, 1, bucket=1)] > 0.9
+        assert d.chooser.rates.rates()[d.chooser._cell(0.25, 2, bucket=1)] < 0.1
     else:
-        assert d.stats.probabilities(1)[0] > 0.9
+        assert d.chooser.stats.probabilities(1)[0] > 0.9
 
 
 def test_adaptive_drafts_everything_when_rows_are_free():
@@ -194,7 +194,7 @@ def test_confidence_is_the_models_probability_of_each_recycled_token():
     assert d.matrix[4].tolist() == [7, 8]
     e = torch.e
     assert d.probs[4].tolist() == pytest.approx([e / (e + 1), 1 / (e + 1)])
-    assert d.confidence and not adaptive(flat_curve(6), device="meta").confidence
+    assert d.chooser.confidence and not adaptive(flat_curve(6), device="meta").chooser.confidence
 
 
 def test_path_probabilities_and_rate_table():
@@ -217,7 +217,7 @@ def test_adaptive_needs_a_curve_and_refuses_tree_adaptive_for_tr():
 def test_curve_from_a_file(tmp_path):
     path = curve({1: 0.05, 8: 0.06, 81: 0.5}).save(tmp_path / "c.json")
     d = AdaptiveTokenRecycling(vocab_size=10, cost_curve=str(path))
-    assert d.step_times[0] == pytest.approx(0.05) and len(d.step_times) == 81
+    assert d.chooser.step_times[0] == pytest.approx(0.05) and len(d.chooser.step_times) == 81
 
 
 # ---- lossless on the real model ----------------------------------------------------------------
@@ -312,13 +312,13 @@ def test_coupled_drafts_only_when_sampling_on_the_host_and_stays_lossless():
     sampler = PositionSampler(0.7, seed=5)
     greedy = AdaptiveTokenRecycling(vocab_size=12, model=model, hardware_curve=flat, k=4,
                                     tree=[[3], [2, 1, 1], [1, 1, 0, 0]])
-    assert greedy.sampler is None  # no sampler: nothing to couple to
+    assert greedy.chooser.sampler is None  # no sampler: nothing to couple to
     coupled = AdaptiveTokenRecycling(vocab_size=12, model=model, hardware_curve=flat, sampler=sampler, k=4,
                                      tree=[[3], [2, 1, 1], [1, 1, 0, 0]])
-    assert coupled.sampler is sampler
+    assert coupled.chooser.sampler is sampler
     off = AdaptiveTokenRecycling(vocab_size=12, model=model, hardware_curve=flat, sampler=sampler, k=4,
                                  tree=[[3], [2, 1, 1], [1, 1, 0, 0]], coupled=False)
-    assert off.sampler is None
+    assert off.chooser.sampler is None
     engine = Engine(model, eos_token_ids=[])
     for qid in range(3):
         sampler.bind(qid, 0)

@@ -55,7 +55,7 @@ def _greedy_property(name: str, drafter, outs) -> None:
         assert sum(lengths) - len(lengths) > drafter.stats["stand_in_accepted"]
     if name == "rest":  # more rows than one 10-token chain: the retrieved continuations form a tree
         assert any(r > 12 for o in outs for r in o.step_rows)
-    if name == "tr_fused" and drafter.settings.matrix and drafter.retrieval != "none":  # both sources reach the path
+    if name == "tr_fused" and drafter.settings.matrix and drafter.chooser.retrieval != "none":  # both sources reach the path
         s = drafter.take_statistics()
         assert s["accepted_from_matrix"] + s["accepted_from_both"] > 0 and s["retrieval_steps"] > 0
 

@@ -145,7 +145,7 @@ def test_adaptive_statistics_name_template_nodes():
 
     curve = CostCurve(widths=[1, 2, 3, 4], times=[1.0, 1.0, 1.0, 1.0], device="cpu", dtype="float32")
     tr = AdaptiveTokenRecycling(vocab_size=10, k=2, tree=[[2], [1, 0]], cost_curve=curve, confidence=False)
-    tr._drafted = (1, 3)  # the chooser picked template nodes 1 and 3: sub-tree nodes 1 and 2
+    tr.chooser.drafted = (1, 3)  # the chooser picked template nodes 1 and 3: sub-tree nodes 1 and 2
     from specbench.draft import DraftTree
     d = __import__("specbench.drafter", fromlist=["Draft"]).Draft(tokens=torch.tensor([5, 5]), tree=DraftTree([0, 1]))
     tr.observe(_outcome(tr, 3, d, torch.zeros(3, 10), accepted=[1, 2], emitted=[5, 5, 0]))

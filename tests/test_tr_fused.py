@@ -42,16 +42,16 @@ def test_chain_hangs_below_the_shared_nodes_in_the_draft():
 
 def test_chain_rates_learn_from_what_followed():
     d = FusedTokenRecycling(vocab_size=20, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, num_pred_tokens=3)
-    d._chains.append((0, [5, 6, 7], 2, 1))  # its first token is a template node too
-    d._learn_chains(torch.tensor([1, 5]))  # one token decided, still right: wait
-    assert len(d._chains) == 1
-    d._learn_chains(torch.tensor([1, 5, 9]))  # second token wrong: depths 1 (hit) and 2 (miss)
-    assert not d._chains
+    d.chooser._chains.append((0, [5, 6, 7], 2, 1))  # its first token is a template node too
+    d.chooser._learn_chains(torch.tensor([1, 5]))  # one token decided, still right: wait
+    assert len(d.chooser._chains) == 1
+    d.chooser._learn_chains(torch.tensor([1, 5, 9]))  # second token wrong: depths 1 (hit) and 2 (miss)
+    assert not d.chooser._chains
     # depth 1 counted among the tokens the template drafts too, depth 2 among those it does not
-    assert d.chain_rates.trials[d._chain_cell(2, 1, agreed=True)] > 0
-    assert d.chain_rates.trials[d._chain_cell(2, 1)] == 0
-    assert d.chain_rates.trials[d._chain_cell(2, 2)] > 0 and d.chain_rates.hits[d._chain_cell(2, 2)] == 0
-    assert d.chain_rates.trials[d._chain_cell(2, 3)] == 0
+    assert d.chooser.chain_rates.trials[d.chooser._chain_cell(2, 1, agreed=True)] > 0
+    assert d.chooser.chain_rates.trials[d.chooser._chain_cell(2, 1)] == 0
+    assert d.chooser.chain_rates.trials[d.chooser._chain_cell(2, 2)] > 0 and d.chooser.chain_rates.hits[d.chooser._chain_cell(2, 2)] == 0
+    assert d.chooser.chain_rates.trials[d.chooser._chain_cell(2, 3)] == 0
 
 
 def test_template_nodes_the_chain_confirms_are_learnt_apart():
@@ -62,15 +62,15 @@ def test_template_nodes_the_chain_confirms_are_learnt_apart():
     tokens = torch.tensor([3, 5, 6])  # root 3; node 1 (rank 0) drafts 5, node 2 (rank 1) drafts 6
     conf = torch.tensor([1.0, 0.55, 0.55])
     for _ in range(30):  # the chain drafts node 1's token, and node 1 is always right
-        d._pending.append([0, tokens, conf, 0, frozenset({1})])
-        d._learn(torch.tensor([3, 5]))
-    rates = d.rates.rates()
-    assert rates[d._cell(0.55, 1, 0, agreed=True)] > 0.9
-    assert rates[d._cell(0.55, 1, 0)] == pytest.approx(0.55)  # never a trial: its prior
+        d.chooser.template._pending.append([0, tokens, conf, 0, frozenset({1})])
+        d.chooser.template._learn(torch.tensor([3, 5]))
+    rates = d.chooser.template.rates.rates()
+    assert rates[d.chooser.template._cell(0.55, 1, 0, agreed=True)] > 0.9
+    assert rates[d.chooser.template._cell(0.55, 1, 0)] == pytest.approx(0.55)  # never a trial: its prior
     plain = FusedTokenRecycling(vocab_size=20, k=2, tree=[[2]], cost_curve=FLAT, confidence=True,
                                 context_buckets=False, num_pred_tokens=3, agreement=False)
-    assert len(plain.rates.prior) * 2 == len(d.rates.prior)
-    assert len(plain.chain_rates.prior) * 2 == len(d.chain_rates.prior)
+    assert len(plain.chooser.template.rates.prior) * 2 == len(d.chooser.template.rates.prior)
+    assert len(plain.chooser.chain_rates.prior) * 2 == len(d.chooser.chain_rates.prior)
 
 
 @pytest.mark.parametrize("settings", [{}, {"matrix": False}, {"retrieval": False}, {"max_nodes": 2},
@@ -176,15 +176,15 @@ def test_suffix_rates_learn_what_the_frequency_estimates_promise():
     first = d.propose(DecodeState(tokens=torch.tensor(seq), prompt_len=20, step=0))
     assert drafted_paths(first) == pytest.approx({(4,): 0.75})  # the prior: the bin's middle
     cell = suffix_cells([-1], [0.75])[0]
-    d._learn_retrieved(torch.tensor(seq))  # nothing decided after the root yet
-    assert len(d._retrieved) == 1 and d.suffix_rates.trials[cell] == 0
-    d._learn_retrieved(torch.tensor(seq + [9]))  # the model said 9, not 4
-    assert not d._retrieved and d.suffix_rates.trials[cell] > 0 and d.suffix_rates.hits[cell] == 0
+    d.chooser._learn_retrieved(torch.tensor(seq))  # nothing decided after the root yet
+    assert len(d.chooser._retrieved) == 1 and d.chooser.suffix_rates.trials[cell] == 0
+    d.chooser._learn_retrieved(torch.tensor(seq + [9]))  # the model said 9, not 4
+    assert not d.chooser._retrieved and d.chooser.suffix_rates.trials[cell] > 0 and d.chooser.suffix_rates.hits[cell] == 0
     for _ in range(12):
-        d.suffix_rates.add(cell, False)
-        d.suffix_rates.next_step()
+        d.chooser.suffix_rates.add(cell, False)
+        d.chooser.suffix_rates.next_step()
     again = d.propose(DecodeState(tokens=torch.tensor(seq), prompt_len=20, step=1))
-    learnt = d.suffix_rates.rates()[cell]
+    learnt = d.chooser.suffix_rates.rates()[cell]
     assert learnt < 0.25 and drafted_paths(again) == pytest.approx({(4,): learnt})
 
 
@@ -224,12 +224,12 @@ def test_a_deeper_node_is_learnt_in_its_own_depth_cell():
                                 context_buckets=False, depth_cells=depth_cells, pooled_prior=False)
         tokens = torch.tensor([3, 5, 6])  # root 3 -> node 1 (5) -> node 2 (6), both rank 0
         conf = torch.tensor([1.0, 0.55, 0.55])
-        d._pending.append([0, tokens, conf, 0, frozenset()])
-        d._learn(torch.tensor([3, 5, 9]))  # node 1 right, node 2 wrong
-        depth1, depth2 = d._cell(0.55, 1, 0), d._cell(0.55, 2, 0)
+        d.chooser.template._pending.append([0, tokens, conf, 0, frozenset()])
+        d.chooser.template._learn(torch.tensor([3, 5, 9]))  # node 1 right, node 2 wrong
+        depth1, depth2 = d.chooser.template._cell(0.55, 1, 0), d.chooser.template._cell(0.55, 2, 0)
         assert (depth1 != depth2) == depth_cells
         if depth_cells:
-            assert d.rates.hits[depth1] > 0 and d.rates.hits[depth2] == 0 and d.rates.trials[depth2] > 0
+            assert d.chooser.template.rates.hits[depth1] > 0 and d.chooser.template.rates.hits[depth2] == 0 and d.chooser.template.rates.trials[depth2] > 0
 
 
 def test_calibration_scales_each_source_by_what_its_drafted_nodes_delivered(tiny_llama):
@@ -240,12 +240,12 @@ def test_calibration_scales_each_source_by_what_its_drafted_nodes_delivered(tiny
     ar = engine.generate(prompt, Autoregressive(), 40)
     d = FusedTokenRecycling(vocab_size=97, cost_curve=FLAT, calibrate=True)
     assert engine.generate(prompt, d, 40).tokens == ar.tokens
-    assert sum(d.calibration.trials) > 0 and d.calibration.rates() != [1.0, 1.0, 1.0]
+    assert sum(d.chooser.calibration.trials) > 0 and d.chooser.calibration.rates() != [1.0, 1.0, 1.0]
 
     muted = FusedTokenRecycling(vocab_size=97, cost_curve=FLAT, calibrate=True)
-    muted.calibration.rates = lambda: [0.0, 1.0, 1.0]  # the matrix's own nodes never pay
+    muted.chooser.calibration.rates = lambda: [0.0, 1.0, 1.0]  # the matrix's own nodes never pay
     seen = []
     propose = muted.propose
-    muted.propose = lambda state: (draft := propose(state), seen.extend(muted._sources))[0]
+    muted.propose = lambda state: (draft := propose(state), seen.extend(muted.chooser.sources))[0]
     assert engine.generate(prompt, muted, 40).tokens == ar.tokens
     assert seen and MATRIX not in seen  # only nodes the retrieval drafts (alone or with the matrix)

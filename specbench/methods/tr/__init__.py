@@ -1,2 +1,3 @@
-"""Token Recycling: the static method (base), the cost-aware sub-tree choice (adaptive) and the
-fused drafter with a retrieval source (fused); the statistics every run counts and the tree tuning."""
+"""Token Recycling: one drafter, the matrix and a chooser of what each step verifies: the whole template
+(tr, base), the goodput sub-tree (tr_adaptive, adaptive) or that sub-tree merged with retrieval (tr_fused,
+fused)."""

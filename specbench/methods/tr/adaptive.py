@@ -1,6 +1,7 @@
 """Adaptive Token Recycling: each step verifies the sub-tree of TR's template that the hardware's
-cost curve and running acceptance estimates say is worth its forward (possibly none); the chooser's
-math is in specbench/speculation/goodput.py."""
+cost curve and running acceptance estimates say is worth its forward (possibly none). `GoodputSubtree`
+is the chooser (base.py: the drafter is the matrix and a chooser); its math is in
+specbench/speculation/goodput.py. `tr_fused` (fused.py) merges a retrieval source into its estimates."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from specbench.speculation.cost import StepTimes, load_curve_file, resolve_curve
-from specbench.draft import DecodeState, Draft
+from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
 from specbench.speculation.goodput import (AcceptanceStats, PooledRateTable, RateTable, check_decay, choose_nodes,
                                            counterfactual_path, prior_probabilities,
@@ -21,6 +22,7 @@ from specbench.speculation.goodput import (AcceptanceStats, PooledRateTable, Rat
 from specbench.registry import register
 from specbench.decoding.transfers import HostCopy, on_host, to_device
 from specbench.draft import DraftTree
+from specbench.drafting.recycling import Recycling
 from specbench.methods.tr.base import TokenRecycling, TRSettings
 
 
@@ -65,9 +67,8 @@ class AdaptiveTRSettings(TRSettings):
         check_decay(1 if self.half_life is None else self.half_life, self.prior_steps or 0)
 
 
-@register("tr_adaptive")
-class AdaptiveTokenRecycling(TokenRecycling):
-    """Token Recycling that verifies, each step, the sub-tree of its template with the most expected
+class GoodputSubtree:
+    """The chooser that verifies, each step, the sub-tree of TR's template with the most expected
     tokens per second on this hardware, down to a plain step (the math: specbench/speculation/goodput.py).
 
     Every step expands the whole template from the matrix, as static TR does. Once the tokens after
@@ -89,37 +90,45 @@ class AdaptiveTokenRecycling(TokenRecycling):
 
     The context bucket (`context_buckets`) says whether the root was itself its predecessor's
     rank-0 candidate: predictable text goes on being predictable.
+
+    `tr_fused`'s chooser holds one of these for the template's estimates: it counts a node that its
+    retrieval drafts too in cells of its own (`agreement_classes` 2) and verifies up to `extra_rows`
+    retrieved nodes beside the template's.
     """
 
     BINS = 10  # confidence bins of width 0.1, plus one for entries never written
-    # tr_fused: 2, a node that another source drafts too is counted in cells of its own (the cell's
-    # rate over all nodes overstates the nodes no other source confirms)
-    agreement_classes = 1
+    drafted: tuple[int, ...] | None = None
 
-    Settings = AdaptiveTRSettings
-
-    def __init__(self, target=None, settings: AdaptiveTRSettings | None = None, **values):
-        super().__init__(target, settings, **values)
-        s, t = self.settings, self.target
+    def __init__(self, settings: AdaptiveTRSettings, target, source: Recycling, agreement_classes: int = 1,
+                 extra_rows: int = 0):
+        self.settings, self.source, self.tree, self.device = settings, source, source.template, source.device
+        self.agreement_classes = agreement_classes
+        t = target
         # method.cost_curve, else the curve the runner measured or loaded, else one for the model
-        self.curve = resolve_curve(s.cost_curve or t.hardware_curve, t.model, t.model_name, t.dtype_name)
-        # t(w) for w = 1 .. template rows at each step's context: a long context makes rows dearer
-        self.times = StepTimes(self.curve, self.tree.size)
-        self.confidence = self._confidences()
+        self.curve = resolve_curve(settings.cost_curve or t.hardware_curve, t.model, t.model_name, t.dtype_name)
+        # t(w) for w = 1 .. the rows a step may verify, at each step's context: a long context makes rows dearer
+        self.times = StepTimes(self.curve, self.tree.size + extra_rows)
+        self.confidence = self.keeps_confidences(settings, target)
         sampler = getattr(t, "sampler", None)
-        self.sampler = sampler if (s.coupled and self.confidence and on_host(self.device)
+        self.sampler = sampler if (settings.coupled and self.confidence and on_host(self.device)
                                    and sampler is not None and sampler.temperature > 0) else None
         if self.sampler is not None:
-            self.source.couple(self.sampler.temperature)
+            source.couple(self.sampler.temperature)
         self.reset()
 
-    def _confidences(self) -> bool:
-        confidence = self.settings.confidence
-        return torch.device(self.target.device).type == "cpu" if confidence in ("auto", None) else bool(confidence)
+    @staticmethod
+    def check_files(settings: dict) -> None:
+        if isinstance(settings["cost_curve"], (str, Path)) and settings["cost_curve"] != "auto":
+            load_curve_file(settings["cost_curve"])
+
+    @staticmethod
+    def keeps_confidences(settings: AdaptiveTRSettings, target) -> bool:
+        confidence = settings.confidence
+        return torch.device(target.device).type == "cpu" if confidence in ("auto", None) else bool(confidence)
 
     def reset(self) -> None:
-        """An empty matrix and the prior statistics, as built."""
-        super().reset()
+        """The prior statistics, as built."""
+        self.drafted = None
         s = self.settings
         buckets = self._buckets = 2 if s.context_buckets else 1
         ranks = self.tree.sibling_rank()
@@ -151,19 +160,12 @@ class AdaptiveTokenRecycling(TokenRecycling):
         self.drafted_steps = 0
         self.plain_steps = 0
 
-    @classmethod
-    def check_settings(cls, params: dict, target: dict) -> dict:
-        p = super().check_settings(params, target)
-        if isinstance(p["cost_curve"], (str, Path)) and p["cost_curve"] != "auto":
-            load_curve_file(p["cost_curve"])
-        return p
-
     # -- what the template would have done ------------------------------------------------------
     def _expand_with_confidence(self, root: int, position: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Template tokens (as `expand`) and, with `confidence`, each node's stored probability; coupled
         (`self.sampler`), siblings in the order of the target's draw at their parent's `position` on."""
         if self.sampler is not None:
-            vocab = self.matrix.shape[0]
+            vocab = self.source.matrix.shape[0]
             noise = [self.sampler.noise_row(position + d, vocab) for d in range(self.tree.max_depth)]
             return self.source.expand_coupled(root, noise, self.sampler.temperature)
         return self.source.expand(root, self.confidence)
@@ -211,7 +213,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
             self.rates.next_step()
 
     # -- choosing --------------------------------------------------------------------------------
-    def _probabilities(self, bucket: int, conf: torch.Tensor | None, agreed: frozenset = frozenset()) -> list[float]:
+    def probabilities(self, bucket: int, conf: torch.Tensor | None, agreed: frozenset = frozenset()) -> list[float]:
         """p(v) for every template node, this step: from the confidences, else slot statistics.
         `agreed`: the nodes another source drafts too (tr_fused)."""
         if conf is None:
@@ -243,7 +245,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
         context has moved to another of the curve's length buckets (StepTimes)."""
         step_times = self.times.at(context)
         if per_step:
-            return self._choose(p, self.tree.parents, context)
+            return self.choose(p, self.tree.parents, context)
         version = self.stats.version[bucket]
         key = (bucket, self.times.key(context))
         cached = self._choice.get(key)
@@ -251,7 +253,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
             cached = self._choice[key] = (version, choose_nodes(p, self.tree.parents, step_times, self.settings.min_gain))
         return cached[1]
 
-    def _choose(self, p: list[float], parents, context: int | None, max_nodes: int | None = None) -> tuple[int, ...]:
+    def choose(self, p: list[float], parents, context: int | None, max_nodes: int | None = None) -> tuple[int, ...]:
         """`choose_nodes` on this step's curve, skipped when no node is likely enough for any draft to
         beat a plain step: m nodes add at most m x max(p) expected tokens, so below `_plain_below`
         every draft's rate is under the plain step's and the choice is the plain step anyway."""
@@ -278,7 +280,7 @@ class AdaptiveTokenRecycling(TokenRecycling):
                                            to_device(nodes, self.device, torch.long))
         return hit
 
-    def _prepare(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    def prepare(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """Learn from what is now decided, then expand the whole template from the root:
         (template tokens on the device, their confidences on the host or None, context bucket)."""
         seq = state.tokens
@@ -297,13 +299,37 @@ class AdaptiveTokenRecycling(TokenRecycling):
         return tokens, host_conf, bucket
 
     def propose(self, state: DecodeState) -> Draft | None:
-        tokens, host_conf, bucket = self._prepare(state)
-        p = self._probabilities(bucket, host_conf)
+        tokens, host_conf, bucket = self.prepare(state)
+        p = self.probabilities(bucket, host_conf)
         nodes = self._nodes(bucket, p, host_conf is not None, state.tokens.numel() - 1)  # the root is not cached yet
-        self._drafted = nodes
+        self.drafted = nodes
         if not nodes:
             self.plain_steps += 1
             return None
         self.drafted_steps += 1
         tree, index = self._subtree(nodes)
         return Draft(tokens=tokens[index], tree=tree, node_probs=[p[v - 1] for v in nodes])
+
+    def agree(self, agreed: frozenset) -> None:
+        """This step's template nodes that another source drafts too: the matrix learns them in their
+        agreement cells."""
+        self._pending[-1][4] = agreed
+
+    def template_tokens(self) -> list[int]:
+        """This step's template tokens on the host (waits for the copy `prepare` started)."""
+        return self._last[1].tolist()
+
+    def note(self, outcome: StepOutcome) -> None:
+        """Nothing: the counterfactual outcomes are read from the decided tokens (`prepare`)."""
+
+    def take_statistics(self) -> dict:
+        return {}
+
+
+@register("tr_adaptive")
+class AdaptiveTokenRecycling(TokenRecycling):
+    """Token Recycling with the goodput sub-tree chooser."""
+
+    Settings = AdaptiveTRSettings
+    Chooser = GoodputSubtree
+

@@ -7,8 +7,9 @@ The step verifies the parent-closed node set with the most expected tokens per s
 curve, at most `max_nodes` nodes, or a plain step (speculation/goodput.py). Lossless by the engine's
 verifier; the matrix learns from every verified row. Retrieval reads only decided tokens
 (DecodeState), so batched decoding works the same. `matrix=false` / `retrieval=none` switch a source
-off; `accepted_from_*` counts accepted tokens by source. Estimates, options and measurements:
-docs/token-recycling.md, "Token Recycling fused with retrieval".
+off; `accepted_from_*` counts accepted tokens by source. `FusedChoice` is the chooser (base.py: the
+drafter is the matrix and a chooser); it holds adaptive TR's for the template's estimates. Estimates,
+options and measurements: docs/token-recycling.md, "Token Recycling fused with retrieval".
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from specbench.decoding.transfers import to_device
 from specbench.draft import DraftTree
 from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
-from specbench.speculation.cost import StepTimes
 from specbench.speculation.goodput import RateTable, subtree_parents
 from specbench.drafting.ngram import check_ngram, find_match
 from specbench.drafting.suffix_tree import SuffixTrees
-from specbench.methods.tr.adaptive import AdaptiveTokenRecycling, AdaptiveTRSettings
+from specbench.drafting.recycling import Recycling
+from specbench.methods.tr.adaptive import AdaptiveTRSettings, GoodputSubtree
+from specbench.methods.tr.base import TokenRecycling
 from specbench.registry import register
 
 MATRIX, RETRIEVAL = 1, 2  # source bits of a merged node
@@ -149,24 +151,29 @@ class FusedTRSettings(AdaptiveTRSettings):
                                 f"got {self.suffix_factor} and {self.suffix_min_prob}")
 
 
-@register("tr_fused")
-class FusedTokenRecycling(AdaptiveTokenRecycling):
-    Settings = FusedTRSettings
+class FusedChoice:
+    """`tr_fused`'s chooser: the template's nodes with their estimates (adaptive TR's `GoodputSubtree`,
+    `template`) and the retrieved continuation's, merged by common prefixes; the goodput sub-tree of
+    the merged tree is verified."""
 
-    def __init__(self, target=None, settings: FusedTRSettings | None = None, **values):
-        super().__init__(target, settings, **values)
-        s = self.settings
-        self.retrieval = retrieval_source(s.retrieval)  # the earlier true / false read as pld / none
-        extra = {"suffix": s.suffix_tokens, "pld": s.num_pred_tokens}.get(self.retrieval, 0)
-        self.times = StepTimes(self.curve, self.tree.size + extra)
+    drafted: tuple[int, ...] | None = None
 
-    @property
-    def agreement_classes(self) -> int:
-        """2: a node both sources draft is counted apart (`agreement`)."""
-        return 2 if self.settings.agreement else 1
+    def __init__(self, settings: FusedTRSettings, target, source: Recycling):
+        self.settings, self.source, self.tree, self.device = settings, source, source.template, source.device
+        self.retrieval = retrieval_source(settings.retrieval)  # the earlier true / false read as pld / none
+        # 2: a node both sources draft is counted apart (`agreement`)
+        self.agreement_classes = 2 if settings.agreement else 1
+        extra = {"suffix": settings.suffix_tokens, "pld": settings.num_pred_tokens}.get(self.retrieval, 0)
+        self.template = GoodputSubtree(settings, target, source, self.agreement_classes, extra)
+        self.reset()
+
+    check_files = staticmethod(GoodputSubtree.check_files)
+    keeps_confidences = staticmethod(GoodputSubtree.keeps_confidences)
 
     def reset(self) -> None:
-        super().reset()
+        self.template.reset()
+        self.drafted = None
+        self.plain_steps = self.drafted_steps = 0
         # prior: the first chain token right 40% of the time, each later one 70% given its parent
         s = self.settings
         prior = [0.4 if d == 0 else 0.7 for _ in range(self.agreement_classes * NGRAM_CLASSES)
@@ -174,7 +181,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         self.chain_rates = RateTable(prior, prior_steps=4, half_life=400)
         # per step with a match: (root's index, chain tokens, n-gram class, how many the template drafts too)
         self._chains: deque = deque()
-        self._sources: list[int] = []  # source bits of the drafted nodes, in sub-tree order
+        self.sources: list[int] = []  # source bits of the drafted nodes, in sub-tree order
         self._subtrees_fused: dict[tuple[int, ...], DraftTree] = {}
         self._accepted_from = [0, 0, 0]  # matrix only, retrieval only, both
         self._retrieval_steps = 0
@@ -273,7 +280,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         if state.step == 0:
             self._chains.clear()
             self._retrieved.clear()
-        tokens, host_conf, bucket = self._prepare(state)
+        tokens, host_conf, bucket = self.template.prepare(state)
         self._learn_chains(state.tokens)
         self._learn_retrieved(state.tokens)
         if self.retrieval == "suffix":
@@ -288,24 +295,24 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
             self._retrieval_steps += 1
             # the template's tokens on the host: waits for the copy _prepare started (on an
             # accelerator the step's second synchronisation, and only on steps with a retrieval)
-            at = merge_tree(self.tree.children, self._last[1].tolist(), r_tokens, r_parents)
+            at = merge_tree(self.tree.children, self.template.template_tokens(), r_tokens, r_parents)
         agreed = frozenset(v for v in at if v is not None) if self.settings.matrix else frozenset()
         if r_probs is None:  # the chain's estimates depend on how much of it the template drafts
             r_probs = (self._chain_probabilities(state.tokens.numel() - 1, r_tokens, cls, len(agreed))
                        if r_tokens else [])
         if self.agreement_classes > 1:
-            self._pending[-1][4] = agreed  # the matrix learns this step's nodes in their agreement cells
+            self.template.agree(agreed)
         n = len(self.tree)
-        p = self._probabilities(bucket, host_conf, agreed) if self.settings.matrix else [0.0] * n
+        p = self.template.probabilities(bucket, host_conf, agreed) if self.settings.matrix else [0.0] * n
         p, parents, source, extra = self._merged(p, r_tokens, r_parents, r_probs, at)
         raw = p
         if self.settings.calibrate:
             scale = self.calibration.rates()
             p = [pv * scale[max(src, 1) - 1] for pv, src in zip(p, source)]
         # t(w) after the step's cached tokens (the root is not cached yet)
-        nodes = self._choose(p, parents, state.tokens.numel() - 1, self.settings.max_nodes)
-        self._drafted = nodes
-        self._sources = [source[v - 1] for v in nodes]
+        nodes = self.template.choose(p, parents, state.tokens.numel() - 1, self.settings.max_nodes)
+        self.drafted = nodes
+        self.sources = [source[v - 1] for v in nodes]
         self._estimates = [raw[v - 1] for v in nodes]
         if not nodes:
             self.plain_steps += 1
@@ -346,14 +353,14 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         return p, parents, source, extra
 
     # -- statistics ------------------------------------------------------------------------------
-    def _note(self, outcome: StepOutcome) -> None:
+    def note(self, outcome: StepOutcome) -> None:
         """The sources of the accepted tokens (TR's template-node statistics: the matrix's own count)."""
         for a in outcome.accepted:
-            self._accepted_from[{MATRIX: 0, RETRIEVAL: 1}.get(self._sources[a - 1], 2)] += 1
+            self._accepted_from[{MATRIX: 0, RETRIEVAL: 1}.get(self.sources[a - 1], 2)] += 1
         if outcome.draft is not None and self.settings.calibrate:
             hits, mass = [0.0] * 3, [0.0] * 3
             accepted = set(outcome.accepted)
-            for i, (src, est) in enumerate(zip(self._sources, self._estimates), start=1):
+            for i, (src, est) in enumerate(zip(self.sources, self._estimates), start=1):
                 hits[max(src, 1) - 1] += i in accepted
                 mass[max(src, 1) - 1] += est
             for cell in range(3):
@@ -362,8 +369,7 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
             self.calibration.next_step()
 
     def take_statistics(self) -> dict:
-        out = super().take_statistics()
-        out.update(accepted_from_matrix=self._accepted_from[0], accepted_from_retrieval=self._accepted_from[1],
+        out = dict(accepted_from_matrix=self._accepted_from[0], accepted_from_retrieval=self._accepted_from[1],
                    accepted_from_both=self._accepted_from[2], retrieval_steps=self._retrieval_steps,
                    retrieval_source=self.retrieval)
         if self.retrieval == "suffix" and self.settings.suffix_global:
@@ -371,3 +377,11 @@ class FusedTokenRecycling(AdaptiveTokenRecycling):
         self._accepted_from = [0, 0, 0]
         self._retrieval_steps = self._global_drafts = 0
         return out
+
+
+@register("tr_fused")
+class FusedTokenRecycling(TokenRecycling):
+    """Token Recycling fused with retrieval: the matrix and `FusedChoice`."""
+
+    Settings = FusedTRSettings
+    Chooser = FusedChoice
