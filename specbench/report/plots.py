@@ -13,7 +13,8 @@ specbench.report.collect.frames and returns a Figure; ``save_all`` writes PNG an
 - per-node acceptance of a draft-tree template (TR): the tree, each node coloured by how often it
   was on the accepted path when drafted, beside acceptance per depth and the matrix statistics;
 - cost curves side by side: t(w) / t(1) against the rows a forward verifies, one line per curve file
-  (model, device, dtype, forward), t(1) in the legend.
+  (model, device, dtype, forward), t(1) in the legend;
+- overall speedup per task, a panel per temperature (the leading methods of report/task_table.py).
 """
 
 from __future__ import annotations
@@ -238,6 +239,31 @@ def speedup_vs_temperature(runs, title: str | None = None):
     ax.legend(fontsize=8)
     fig.tight_layout()
     _timing_note(fig, df)
+    return fig
+
+
+def speedup_by_task(by_label: dict, cols: list[tuple[float, str]], labels: list[str], title: str | None = None):
+    """Grouped bars: each task's overall speedup per method, a panel per temperature; error bars = std over
+    repeated runs. `by_label`: task_table.cells; `cols`: (temperature, task) pairs; `labels`: the methods."""
+    temps = sorted({t for t, _ in cols})
+    fig, axes = plt.subplots(1, len(temps), figsize=(4.2 * len(temps) + 1, 3.6), squeeze=False, sharey=True)
+    width = 0.8 / max(len(labels), 1)
+    for ax, temp in zip(axes[0], temps):
+        tasks = [task for t, task in cols if t == temp]
+        x = np.arange(len(tasks))
+        for i, lab in enumerate(labels):
+            rows = [by_label[lab].get((temp, task)) or {} for task in tasks]
+            mean = [r.get("overall") or 0.0 for r in rows]
+            std = [r.get("overall_std") or 0.0 for r in rows]
+            ax.bar(x + (i - (len(labels) - 1) / 2) * width, mean, width, yerr=std, capsize=2, label=lab)
+        ax.axhline(1.0, color="grey", lw=1, ls="--")
+        ax.set_xticks(x, tasks)
+        ax.set_title(f"T = {temp:g}")
+    axes[0][0].set_ylabel("overall speedup over AR")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
     return fig
 
 

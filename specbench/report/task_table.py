@@ -1,0 +1,98 @@
+"""One compact table across tasks: each method's overall speedup and MAT per task and temperature.
+
+The leaderboard tables (tables.py) are one per task, with a column per subtask. A reader comparing where
+speculation pays (chat against code editing against agent loops) wants the tasks side by side instead:
+a row per method (variant), a column per (temperature, task), each cell the mean overall speedup of the
+method's repeated runs with its MAT. Built from the aggregated rows of any number of sweep folders, so
+that a task measured in one sweep sits beside a task measured in another.
+"""
+
+from __future__ import annotations
+
+import re
+
+from specbench.markdown import markdown_table
+from specbench.report import tables, timing_marks
+
+
+def task_name(task: str | None) -> str:
+    """'code_edit-ps2' -> 'code_edit': the task without its question selection."""
+    return re.sub(r"-ps\d+$", "", task or "")
+
+
+def columns(rows: list[dict]) -> list[tuple[float, str]]:
+    """(temperature, task) pairs present, temperatures ascending, the tasks in `TASK_ORDER`, then by name."""
+    order = {t: i for i, t in enumerate(TASK_ORDER)}
+    pairs = {(r["temperature"], task_name(r["task"])) for r in rows}
+    return sorted(pairs, key=lambda p: (p[0], order.get(p[1], len(order)), p[1]))
+
+
+TASK_ORDER = ("spec_bench", "code_edit", "agent_loop", "long")
+
+
+def cells(rows: list[dict]) -> dict[str, dict[tuple[float, str], dict]]:
+    """label -> (temperature, task) -> the aggregated row; AR (every speedup 1) left out."""
+    rows = [r for r in rows if r["method"] != "ar"]
+    labels = tables.method_labels(rows)
+    out: dict[str, dict] = {}
+    for r in rows:
+        out.setdefault(labels[tables.repeat_key(r)], {})[(r["temperature"], task_name(r["task"]))] = r
+    return out
+
+
+def leaders(by_label: dict[str, dict], cols: list[tuple[float, str]], top: int) -> list[str]:
+    """Every method best in some column, then the rest by mean speedup over the columns they ran in, `top`
+    rows at most (never fewer than the column winners)."""
+    def speed(label, col):
+        r = by_label[label].get(col)
+        return r.get("overall") if r and r.get("overall") is not None else None
+
+    winners = []
+    for col in cols:
+        ran = [lab for lab in by_label if speed(lab, col) is not None]
+        if ran:
+            best = max(ran, key=lambda lab: speed(lab, col))
+            if best not in winners:
+                winners.append(best)
+
+    def mean_speed(label):
+        vals = [speed(label, c) for c in cols if speed(label, c) is not None]
+        return sum(vals) / len(vals) if vals else 0.0
+
+    rest = sorted((lab for lab in by_label if lab not in winners), key=mean_speed, reverse=True)
+    chosen = set(winners + rest[: max(top - len(winners), 0)])
+    return sorted(chosen, key=mean_speed, reverse=True)
+
+
+def cell_text(r: dict | None, best: bool) -> str:
+    if r is None or r.get("overall") is None:
+        return "-"
+    text = f"{r['overall']:.2f}x"
+    if r.get("overall_std") is not None:
+        text += f" ± {r['overall_std']:.2f}"
+    text = f"**{text}**" if best else text
+    if r.get("timing_flags"):
+        text += timing_marks.MARK
+    return f"{text} ({r['mat']:.2f}, n={r['n']})" if r.get("mat") is not None else text
+
+
+def task_table(rows: list[dict], top: int = 6) -> str:
+    """The Markdown table of aggregated rows (tables.aggregate): a row per leading method, a column per
+    (temperature, task); each cell 'speedup ± std (MAT, n=runs)', the column's best in bold."""
+    by_label = cells(rows)
+    cols = columns([r for r in rows if r["method"] != "ar"])
+    chosen = leaders(by_label, cols, top)
+    best = {}
+    for col in cols:
+        ran = [(by_label[lab][col]["overall"], lab) for lab in by_label
+               if col in by_label[lab] and by_label[lab][col].get("overall") is not None]
+        best[col] = max(ran)[1] if ran else None
+    header = ["method", *[f"{task} T={t:g}" for t, task in cols]]
+    body = [[lab, *[cell_text(by_label[lab].get(col), best[col] == lab) for col in cols]] for lab in chosen]
+    return markdown_table(header, body)
+
+
+def replace_block(text: str, block: str, begin: str, end: str) -> str:
+    """`text` with what lies between the `begin` and `end` lines replaced by `block`."""
+    i, j = text.index(begin), text.index(end)
+    return text[: i + len(begin)] + "\n" + block.rstrip("\n") + "\n" + text[j:]

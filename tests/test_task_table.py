@@ -1,0 +1,66 @@
+"""The per-task table: tasks side by side, a row per leading method, the column's best in bold."""
+
+import pytest
+
+from specbench.report import task_table
+
+
+def row(method, task, temperature, overall, mat=2.0, std=None, n=1, params=None, flags=()):
+    return {"model": "smollm2-135m", "task": task, "temperature": temperature, "top_k": 0, "top_p": 1.0,
+            "max_new_tokens": 128, "dtype": "float32", "device": "cpu", "method": method,
+            "method_params": params or {}, "warmup_on": "builtin", "overall": overall, "overall_std": std,
+            "mat": mat, "n": n, "timing_flags": list(flags)}
+
+
+ROWS = [row("ar", "spec_bench-ps2", 0, 1.0, 1.0),
+        row("tr_fused", "spec_bench-ps2", 0, 1.47, 1.88, std=0.02, n=3),
+        row("suffix", "spec_bench-ps2", 0, 1.48, 1.60, std=0.05, n=3),
+        row("pld", "spec_bench-ps2", 0, 1.32),
+        row("tr_fused", "code_edit-ps2", 0, 2.5, 4.1),
+        row("suffix", "code_edit-ps2", 0, 2.2, 3.9),
+        row("pld", "code_edit-ps2", 0, 2.6, 4.2, flags=["1 timed question(s) under other load"]),
+        row("tr", "code_edit-ps2", 0, 1.1),
+        row("suffix", "code_edit-ps2", 0.7, 1.5)]
+
+
+def test_columns_put_temperatures_then_tasks_in_order():
+    assert task_table.columns(ROWS) == [(0, "spec_bench"), (0, "code_edit"), (0.7, "code_edit")]
+
+
+def test_the_table_bolds_each_columns_best_and_keeps_every_winner():
+    md = task_table.task_table(ROWS, top=2)
+    lines = md.splitlines()
+    assert lines[0] == "| method | spec_bench T=0 | code_edit T=0 | code_edit T=0.7 |"
+    body = {line.split(" | ")[0].strip("| "): line for line in lines[2:]}
+    # top=2: the two column winners only (tr_fused, best nowhere, would be the next)
+    assert set(body) == {"suffix", "pld"}
+    assert "**1.48x ± 0.05** (1.60, n=3)" in body["suffix"] and "**1.50x** (2.00, n=1)" in body["suffix"]
+    assert "**2.60x**† (4.20, n=1)" in body["pld"]  # not timed alone: marked
+    assert "| - |" in body["pld"]  # pld never ran at 0.7
+    body = {line.split(" | ")[0].strip("| "): line for line in task_table.task_table(ROWS, top=3).splitlines()[2:]}
+    assert "1.47x ± 0.02 (1.88, n=3)" in body["tr_fused"] and "tr" not in body and "ar" not in body
+
+
+def test_a_winner_is_kept_even_past_top():
+    rows = ROWS + [row("tr", "code_edit-ps2", 0.7, 3.0)]
+    body = [line.split(" | ")[0].strip("| ") for line in task_table.task_table(rows, top=1).splitlines()[2:]]
+    assert set(body) == {"suffix", "pld", "tr"}
+
+
+def test_more_rows_follow_by_mean_speedup():
+    md = task_table.task_table(ROWS, top=4)
+    assert [line.split(" | ")[0].strip("| ") for line in md.splitlines()[2:]][-1] == "tr"
+
+
+def test_variants_of_one_method_are_told_apart():
+    rows = ROWS + [row("tr_fused", "code_edit-ps2", 0, 2.7, params={"retrieval": "suffix"})]
+    rows[4] = {**rows[4], "method_params": {"retrieval": "pld"}}
+    labels = task_table.cells(rows)
+    assert "tr_fused (retrieval=suffix)" in labels and "tr_fused (retrieval=pld)" in labels
+
+
+def test_the_readme_block_is_replaced_between_its_markers():
+    text = "a\n<!-- b -->\nold\nold\n<!-- e -->\nz\n"
+    assert task_table.replace_block(text, "new\n", "<!-- b -->", "<!-- e -->") == "a\n<!-- b -->\nnew\n<!-- e -->\nz\n"
+    with pytest.raises(ValueError):
+        task_table.replace_block("no markers", "x", "<!-- b -->", "<!-- e -->")
