@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # The per-task sweep behind results/cpu-tasks (issue 70): the methods on task=code_edit and task=agent_loop, the
-# embedded SmolLM2-135M in float32 on this machine's CPU, compiled, 512 new tokens, AR interleaved question by
-# question, every output checked against AR's. Spec-Bench's figures for the same table come from
-# results/cpu-headline-v3 (every method, three runs at each temperature).
+# embedded SmolLM2-135M in float32 on this machine's CPU, compiled, 512 new tokens, every output checked against
+# AR's. AR is decoded once per question and temperature and shared by the sweep (baseline=shared: on these tasks
+# one AR pass costs minutes, and interleaving it for every method would double the sweep). Spec-Bench's figures for
+# the same table come from results/cpu-headline-v3 (every method, three runs at each temperature, AR interleaved).
 #
-#   bash scripts/task_sweep.sh            # OUT=results/cpu-tasks; phases 1-4 below, in order
+#   bash scripts/task_sweep.sh            # OUT=results/cpu-tasks; the phases below, in order
 #   PHASES="1 2" bash scripts/task_sweep.sh
 #
-# 1. every method once at T = 0;  2. the leaders once at T = 0.7;  3. and 4. the leaders' second and third
-# runs at both temperatures (each method's runs interleaved with the others', as the headline's are). A killed
-# sweep resumes on rerun (a finished run directory is skipped, a half-finished one resumes).
+# 1. the leaders at T = 0, with tr_fused's retrieval ablations (suffix trees; suffix trees kept across requests);
+# 2. the leaders at T = 0.7;  3. every other method at T = 0;  4. and 5. the leaders' second and third runs at both
+# temperatures. A killed sweep resumes on rerun (a finished run directory is skipped, a half-finished one resumes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/cpu-tasks}
-ALL=${ALL:-tr_fused,suffix,pld,tr_adaptive,tr,samd,lookahead,rest,sps,medusa,eagle}
-LEADERS=${LEADERS:-tr_fused,suffix,pld,tr_adaptive,tr}
-PHASES=${PHASES:-1 2 3 4}
+LEADERS=${LEADERS:-tr_fused,suffix,pld,tr_adaptive}
+OTHERS=${OTHERS:-tr,samd,lookahead,rest,sps,medusa,eagle}
+PHASES=${PHASES:-1 2 3 4 5}
 CODE_EDIT=(task=code_edit task.per_subtask=2)    # each edit kind's first `function` and first `file` prompt
 AGENT_LOOP=(task=agent_loop task.per_subtask=1)  # one session of each kind, all on one module
 mkdir -p "$OUT"
@@ -29,15 +30,21 @@ sweep() {  # methods temperature repeat [extra settings]
   for task in CODE_EDIT AGENT_LOOP; do
     local -n settings=$task
     python run.py -m method="$methods" "${settings[@]}" temperature="$t" repeat="$r" "$@" \
-      cost_curve="$OUT/cost_curve.json" baseline=interleave compile=on progress=false results_root="$OUT"
+      cost_curve="$OUT/cost_curve.json" baseline=shared compile=on progress=false results_root="$OUT"
   done
+}
+
+leaders() {  # temperature repeat
+  sweep "$LEADERS" "$1" "$2"
+  sweep tr_fused "$1" "$2" method.retrieval=suffix
 }
 
 for phase in $PHASES; do
   case $phase in
-    1) sweep "$ALL" 0 1; sweep tr_fused 0 1 method.retrieval=suffix ;;
-    2) sweep "$LEADERS,samd" 0.7 1; sweep tr_fused 0.7 1 method.retrieval=suffix ;;
-    3|4) for t in 0 0.7; do sweep "$LEADERS" "$t" $((phase - 1)); sweep tr_fused "$t" $((phase - 1)) method.retrieval=suffix; done ;;
+    1) leaders 0 1; sweep tr_fused 0 1 method.retrieval=suffix method.suffix_global=true ;;
+    2) leaders 0.7 1 ;;
+    3) sweep "$OTHERS" 0 1 ;;
+    4|5) leaders 0 $((phase - 2)); leaders 0.7 $((phase - 2)) ;;
   esac
 done
 

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 import run as cli
 from specbench.run import plan, session, single, target
 from specbench.errors import SettingsError
-from specbench.inputs.models import resolve_device, run_dtype
+from specbench.inputs.models import model_config, resolve_device, run_dtype
 from specbench.registry import available_methods, drafter_class
 from tests.test_config import CONF, plan_of
 
@@ -112,7 +112,7 @@ def make_inputs(tmp: Path) -> None:
     device = resolve_device("auto")
     # as plan_run resolves it
     identity = plan.run_identity(plan_of(other, max_new_tokens=other["task"]["max_new_tokens"], device=str(device),
-                                         dtype=run_dtype(other["dtype"], device, other["model"])))
+                                         dtype=run_dtype(other["dtype"], device, model_config(other["model"]))))
     (tmp / "other_run" / "run_config.json").write_text(json.dumps({"identity": identity}))
     (tmp / "garbage_store").mkdir()
     for name in ("meta.json", "tokens.npy", "sa.npy"):

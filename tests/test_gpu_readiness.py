@@ -274,12 +274,12 @@ def write_vicuna_layout(folder: Path) -> Path:
 
 
 def test_a_model_in_vicunas_published_layout_loads_and_decodes(tmp_path):
-    from specbench.inputs.models import load_model, run_dtype
+    from specbench.inputs.models import load_model, model_config, run_dtype
 
     folder = write_vicuna_layout(tmp_path / "tiny-vicuna")
     cfg = {"name": "tiny-vicuna", "path": str(folder), "chat_template": "vicuna"}
-    assert run_dtype("auto", "cuda", cfg) == "float16"  # a GPU run takes the published dtype
-    assert run_dtype("auto", "cpu", cfg) == "float32"
+    assert run_dtype("auto", "cuda", model_config(cfg)) == "float16"  # a GPU run takes the published dtype
+    assert run_dtype("auto", "cpu", model_config(cfg)) == "float32"
     model, tok = load_model(cfg, torch.device("cpu"), torch.float32)
     assert type(tok).__name__ == "LlamaTokenizer" and tok("USER: Paris").input_ids[0] == 1
     out = Engine(model, [2]).generate(tok("USER: Paris").input_ids, build_drafter("pld"), 8)
@@ -303,10 +303,11 @@ def test_without_sentencepiece_the_loader_says_what_to_install(tmp_path, monkeyp
 
 
 def test_dtype_auto_is_float32_on_the_cpu_and_float16_for_a_gguf_model_on_a_gpu():
-    from specbench.inputs.models import named_model_config, run_dtype
+    from specbench.inputs.models import model_config, named_model_config, run_dtype
 
-    assert run_dtype("auto", "cpu", named_model_config("smollm2-135m")) == "float32"
-    assert run_dtype("auto", "cuda", named_model_config("smollm2-135m")) == "float16"
+    smol = model_config(named_model_config("smollm2-135m"))
+    assert run_dtype("auto", "cpu", smol) == "float32"
+    assert run_dtype("auto", "cuda", smol) == "float16"
     assert run_dtype("bfloat16", "cuda", None) == "bfloat16"
 
 

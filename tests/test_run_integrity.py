@@ -289,14 +289,14 @@ def test_max_new_tokens_beyond_the_context_of_a_loaded_model_is_refused(tiny_lla
 
 
 def test_auto_never_gives_gemma3_float16():
-    from specbench.inputs.models import named_model_config, run_dtype
+    from specbench.inputs.models import model_config, named_model_config, run_dtype
 
-    gemma = named_model_config("gemma3-270m")
+    gemma = model_config(named_model_config("gemma3-270m"))
     assert run_dtype("auto", "cuda", gemma) == "bfloat16"
     assert run_dtype("auto", "cpu", gemma) == "float32"
     assert run_dtype("float16", "cuda", gemma) == "float16"  # asked for: the run's NaN check stops it
-    assert run_dtype("auto", "cuda", named_model_config("smollm2-135m")) == "float16"
-    assert run_dtype("auto", "cuda", {"name": "hf", "path": None, "gguf": {"file": "gemma-3-1b-it-q8_0.gguf"}}) \
+    assert run_dtype("auto", "cuda", model_config(named_model_config("smollm2-135m"))) == "float16"
+    assert run_dtype("auto", "cuda", model_config({"name": "hf", "path": None, "gguf": {"file": "gemma-3-1b-it-q8_0.gguf"}})) \
         == "bfloat16"
 
 

@@ -120,12 +120,12 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 OVERFLOWS_FLOAT16 = ("gemma3",)
 
 
-def overflows_float16(model_cfg) -> bool:
-    """Whether the model is of an architecture that overflows float16, by its config's name, path or
-    GGUF file (a GGUF's own config cannot be read before loading) or, where readable, its architecture."""
-    if not model_cfg:
+def overflows_float16(model) -> bool:
+    """Whether the model (a ModelConfig: `model_config`) is of an architecture that overflows float16, by
+    its name, path or GGUF file (a GGUF's own config cannot be read before loading) or, where readable,
+    its architecture."""
+    if not model:
         return False
-    model = _model_config(model_cfg)
     gguf = model.gguf or {}
     names = [model.name, model.path, gguf.get("file") if isinstance(gguf, dict) else None,
              _published_architecture(model)]
@@ -133,23 +133,24 @@ def overflows_float16(model_cfg) -> bool:
     return any(arch in plain for arch in OVERFLOWS_FLOAT16)
 
 
-def run_dtype(setting: str, device, model_cfg) -> str:
+def run_dtype(setting: str, device, model) -> str:
     """The dtype a run uses, by name. `auto`: float32 on the CPU (the lossless reference, and what
     CPUs without half-precision units run fastest); on a GPU the dtype the model's weights were
     published in (Vicuna: float16; a 33B model in float32 fits no single GPU), float16 when its
     config names none of ours or cannot be read before loading (GGUF files); never float16 for an
-    architecture that overflows it (Gemma-3: bfloat16, its published dtype)."""
+    architecture that overflows it (Gemma-3: bfloat16, its published dtype). `model`: a ModelConfig
+    (`model_config`), or None."""
     if setting != "auto":
         resolve_dtype(setting)
         return setting
     if torch.device(device).type == "cpu":
         return "float32"
-    own = _published_dtype(_model_config(model_cfg)) if model_cfg else None
+    own = _published_dtype(model) if model else None
     chosen = own if own in DTYPES else "float16"
-    return "bfloat16" if chosen == "float16" and overflows_float16(model_cfg) else chosen
+    return "bfloat16" if chosen == "float16" and overflows_float16(model) else chosen
 
 
-def _model_config(model_cfg):
+def model_config(model_cfg):
     """A model config (dict or ModelConfig) as a ModelConfig; a partial dict takes the defaults."""
     from specbench.config import ModelConfig, typed
 
@@ -424,11 +425,10 @@ def _load_gguf(name: str, gguf_path: Path, dtype: torch.dtype):
     return model.to(dtype), tok
 
 
-def check_model_config(cfg) -> None:
-    """Refuse a model config that cannot load, before loading anything: no path, a local directory or
-    GGUF file that is not there, an unknown chat template. Hub ids and PyPI wheels are checked when
-    fetched."""
-    model = _model_config(cfg)
+def check_model_config(model) -> None:
+    """Refuse a model config (a ModelConfig: `model_config`) that cannot load, before loading anything: no
+    path, a local directory or GGUF file that is not there, an unknown chat template. Hub ids and PyPI
+    wheels are checked when fetched."""
     name, path, gguf = model.name, model.path, model.gguf
     check_template(model.chat_template)
     if gguf and path:
@@ -482,8 +482,8 @@ def load_model(cfg, device: torch.device, dtype: torch.dtype):
     """cfg: the model config (name, path, gguf). Returns (model, tokenizer), model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_model_config(cfg)
-    model_cfg = _model_config(cfg)
+    model_cfg = model_config(cfg)
+    check_model_config(model_cfg)
     name, path, gguf = model_cfg.name, model_cfg.path, model_cfg.gguf
     try:
         if gguf and gguf.get("packages") and not path:

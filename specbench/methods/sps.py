@@ -26,7 +26,7 @@ from specbench.decoding.kv_cache import with_cache
 from specbench.draft import DraftTree, DecodeState, Draft, StepOutcome
 from specbench.drafter import Drafter
 from specbench.errors import SettingsError
-from specbench.inputs.models import MODEL_CONFIGS, check_model_config, load_model, named_model_config
+from specbench.inputs.models import MODEL_CONFIGS, check_model_config, load_model, model_config, named_model_config
 from specbench.registry import register
 
 SELF_DRAFT = re.compile(r"self:layers[=:](\d+)")  # ':' needs no escaping on Hydra's command line
@@ -128,7 +128,7 @@ class SpeculativeSampling(Drafter):
     def check_settings(cls, params: dict, target: dict) -> dict:
         p = super().check_settings(params, target)
         if parse_draft(p["draft"]) is None:  # a separate model: its config and local path
-            check_model_config(draft_model_config(p["draft"]))
+            check_model_config(model_config(draft_model_config(p["draft"])))
         return p
 
     def start_question(self) -> None:
