@@ -246,3 +246,19 @@ def test_only_run_reads_the_run_settings():
         if any(under(b, m) for m in RUN_SETTINGS_MODULES) or (b == "specbench.config" and names & RUN_SETTINGS_NAMES):
             bad.add((a, b))
     assert not bad, "the run's settings read outside run/:\n" + described(bad)
+
+
+def test_results_hold_what_is_current_in_at_most_600_files():
+    """results/ on main is the current figures, not every sweep ever run (results/README.md lists what left
+    main and the commit that still holds it); a superseded sweep or a folder of loose run files goes there."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True, check=True)
+    files = tracked.stdout.splitlines()
+    assert 0 < len(files) <= 600, f"{len(files)} tracked files under results/: archive a sweep's run folders " \
+                                  "(runs.tar.gz) or let a superseded one leave main"
