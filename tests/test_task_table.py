@@ -47,16 +47,18 @@ def test_a_winner_is_kept_even_past_top():
     assert set(body) == {"suffix", "pld", "tr"}
 
 
-def test_more_rows_follow_by_mean_speedup():
-    md = task_table.task_table(ROWS, top=4)
-    assert [line.split(" | ")[0].strip("| ") for line in md.splitlines()[2:]][-1] == "tr"
+def test_more_rows_follow_those_that_ran_in_more_columns_then_by_mean_speedup():
+    rows = ROWS + [row("sps", "code_edit-ps2", 0, 9.0)]  # fastest, but in one column only: not before tr_fused
+    order = [line.split(" | ")[0].strip("| ") for line in task_table.task_table(rows, top=4).splitlines()[2:]]
+    assert order[:3] == ["suffix", "tr_fused", "pld"] and order[3] == "sps"
 
 
-def test_variants_of_one_method_are_told_apart():
-    rows = ROWS + [row("tr_fused", "code_edit-ps2", 0, 2.7, params={"retrieval": "suffix"})]
-    rows[4] = {**rows[4], "method_params": {"retrieval": "pld"}}
+def test_variants_of_one_method_are_told_apart_by_what_departs_from_its_defaults():
+    rows = ROWS + [row("tr_fused", "code_edit-ps2", 0, 2.7, params={"retrieval": "suffix", "suffix_global": False})]
+    rows[4] = {**rows[4], "method_params": {"retrieval": "pld", "suffix_global": False}}  # the defaults
     labels = task_table.cells(rows)
-    assert "tr_fused (retrieval=suffix)" in labels and "tr_fused (retrieval=pld)" in labels
+    assert set(labels) == {"tr_fused (retrieval=suffix)", "tr_fused", "suffix", "pld", "tr"}
+    assert set(labels["tr_fused"]) == {(0, "spec_bench"), (0, "code_edit")}  # one row across both sweeps
 
 
 def test_the_readme_block_is_replaced_between_its_markers():

@@ -30,19 +30,25 @@ def columns(rows: list[dict]) -> list[tuple[float, str]]:
 TASK_ORDER = ("spec_bench", "code_edit", "agent_loop", "long")
 
 
+def label(row: dict) -> str:
+    """The method, and where it departs from its defaults the settings that do ('tr_fused (retrieval=suffix)'):
+    one label for a variant whichever sweep (and whichever settings it had then) ran it."""
+    variant = tables.variant_label(row["method"], row.get("method_params"))
+    return row["method"] if variant == "defaults" else f"{row['method']} ({variant})"
+
+
 def cells(rows: list[dict]) -> dict[str, dict[tuple[float, str], dict]]:
     """label -> (temperature, task) -> the aggregated row; AR (every speedup 1) left out."""
-    rows = [r for r in rows if r["method"] != "ar"]
-    labels = tables.method_labels(rows)
     out: dict[str, dict] = {}
     for r in rows:
-        out.setdefault(labels[tables.repeat_key(r)], {})[(r["temperature"], task_name(r["task"]))] = r
+        if r["method"] != "ar":
+            out.setdefault(label(r), {})[(r["temperature"], task_name(r["task"]))] = r
     return out
 
 
 def leaders(by_label: dict[str, dict], cols: list[tuple[float, str]], top: int) -> list[str]:
-    """Every method best in some column, then the rest by mean speedup over the columns they ran in, `top`
-    rows at most (never fewer than the column winners)."""
+    """Every method best in some column, then the rest: those that ran in more columns first, then by mean
+    speedup over the columns they ran in; `top` rows at most (never fewer than the column winners)."""
     def speed(label, col):
         r = by_label[label].get(col)
         return r.get("overall") if r and r.get("overall") is not None else None
@@ -59,9 +65,12 @@ def leaders(by_label: dict[str, dict], cols: list[tuple[float, str]], top: int) 
         vals = [speed(label, c) for c in cols if speed(label, c) is not None]
         return sum(vals) / len(vals) if vals else 0.0
 
-    rest = sorted((lab for lab in by_label if lab not in winners), key=mean_speed, reverse=True)
+    def rank(label):
+        return len([c for c in cols if speed(label, c) is not None]), mean_speed(label)
+
+    rest = sorted((lab for lab in by_label if lab not in winners), key=rank, reverse=True)
     chosen = set(winners + rest[: max(top - len(winners), 0)])
-    return sorted(chosen, key=mean_speed, reverse=True)
+    return sorted(chosen, key=rank, reverse=True)
 
 
 def cell_text(r: dict | None, best: bool) -> str:
