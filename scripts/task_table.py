@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from specbench.markdown import replace_between
 from specbench.report import collect, plots, tables, task_table
 
 BEGIN, END = "<!-- task-table: begin (scripts/task_table.py) -->", "<!-- task-table: end -->"
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
             print(f"error: {readme} lacks the lines '{BEGIN}' and '{END}'; add them where the table goes",
                   file=sys.stderr)
             return 2
-        readme.write_text(task_table.replace_block(text, md + "\n\n" + note, BEGIN, END))
+        readme.write_text(replace_between(text, md + "\n\n" + note, BEGIN, END))
     if args.plot:
         by_label = task_table.cells(aggregated)
         cols = task_table.columns([r for r in aggregated if r["method"] != "ar"])

@@ -19,3 +19,12 @@ def markdown_table(header: list[str], rows: list[list], align: str = "", pad: bo
     else:
         rule = "|" + "|".join("---:" if rt else "---" for rt in right) + "|"
     return "\n".join([line(cells[0]), rule, *map(line, cells[1:])])
+
+
+def replace_between(text: str, block: str, begin: str, end: str) -> str:
+    """`text` with what lies between the marker lines `begin` and `end` replaced by `block` (a generated table
+    in a README); ValueError without both markers."""
+    if begin not in text or end not in text:
+        raise ValueError(f"no {begin} ... {end} block to replace")
+    head, rest = text.split(begin, 1)
+    return head + begin + "\n" + block.strip() + "\n" + end + rest.split(end, 1)[1]

@@ -62,7 +62,9 @@ def test_variants_of_one_method_are_told_apart_by_what_departs_from_its_defaults
 
 
 def test_the_readme_block_is_replaced_between_its_markers():
+    from specbench.markdown import replace_between
+
     text = "a\n<!-- b -->\nold\nold\n<!-- e -->\nz\n"
-    assert task_table.replace_block(text, "new\n", "<!-- b -->", "<!-- e -->") == "a\n<!-- b -->\nnew\n<!-- e -->\nz\n"
+    assert replace_between(text, "new\n", "<!-- b -->", "<!-- e -->") == "a\n<!-- b -->\nnew\n<!-- e -->\nz\n"
     with pytest.raises(ValueError):
-        task_table.replace_block("no markers", "x", "<!-- b -->", "<!-- e -->")
+        replace_between("no markers", "x", "<!-- b -->", "<!-- e -->")

@@ -73,7 +73,4 @@ def table(figures: list[dict]) -> str:
 
 def replace_block(text: str, block: str) -> str:
     """`text` with what lies between the markers replaced by `block`; refused without both markers."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"the README has no {BEGIN} ... {END} block to replace")
-    head, rest = text.split(BEGIN, 1)
-    return head + BEGIN + "\n" + block.strip() + "\n" + END + rest.split(END, 1)[1]
+    return markdown.replace_between(text, block, BEGIN, END)

@@ -20,14 +20,14 @@ def task_name(task: str | None) -> str:
     return re.sub(r"-ps\d+$", "", task or "")
 
 
+TASK_ORDER = ("spec_bench", "code_edit", "agent_loop", "long")
+
+
 def columns(rows: list[dict]) -> list[tuple[float, str]]:
     """(temperature, task) pairs present, temperatures ascending, the tasks in `TASK_ORDER`, then by name."""
     order = {t: i for i, t in enumerate(TASK_ORDER)}
     pairs = {(r["temperature"], task_name(r["task"])) for r in rows}
     return sorted(pairs, key=lambda p: (p[0], order.get(p[1], len(order)), p[1]))
-
-
-TASK_ORDER = ("spec_bench", "code_edit", "agent_loop", "long")
 
 
 def label(row: dict) -> str:
@@ -99,9 +99,3 @@ def task_table(rows: list[dict], top: int = 6) -> str:
     header = ["method", *[f"{task} T={t:g}" for t, task in cols]]
     body = [[lab, *[cell_text(by_label[lab].get(col), best[col] == lab) for col in cols]] for lab in chosen]
     return markdown_table(header, body)
-
-
-def replace_block(text: str, block: str, begin: str, end: str) -> str:
-    """`text` with what lies between the `begin` and `end` lines replaced by `block`."""
-    i, j = text.index(begin), text.index(end)
-    return text[: i + len(begin)] + "\n" + block.rstrip("\n") + "\n" + text[j:]
