@@ -7,8 +7,10 @@ whether it was accepted, over Spec-Bench questions on the embedded model (not a 
         [--set agreement=false --set depth_cells=false --set pooled_prior=false] [--out FILE.json]
 
 An estimator that promises more than is accepted makes a goodput chooser verify rows that do not
-pay. Prints the totals (estimated and accepted nodes), a reliability table by estimate bin, and the
-same per source for tr_fused (matrix, retrieval, both). Eager forward, both turns of each question,
+pay. Prints what the steps' forwards cost on the curve (AR's time for the tokens over the steps', each at
+its context: the speedup were the drafter's host work free), the totals (estimated and accepted nodes), a
+reliability table by estimate bin, and the same per source for tr_fused (matrix, retrieval, both); any
+method's steps can be put on the curve, its estimates where it gives them. Eager forward, both turns of each question,
 the drafter learning across questions as in a run (no warm-up); timing plays no part.
 """
 
@@ -31,7 +33,7 @@ from specbench.inputs.models import eos_token_ids, load_model, named_model_confi
 from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask
 from specbench.markdown import markdown_table
 from specbench.registry import drafter_class
-from specbench.speculation.cost import CostCurve
+from specbench.speculation.cost import CostCurve, run_bound
 
 SOURCES = {1: "matrix", 2: "retrieval", 3: "both"}
 
@@ -76,7 +78,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", default="tr_fused")
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--questions", required=True, help="Spec-Bench's question.jsonl")
+    ap.add_argument("--questions", required=True,
+                    help="a task's questions (Spec-Bench's question.jsonl, data/code_edit/code_edit.jsonl, ..)")
     ap.add_argument("--per-subtask", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--cost-curve", required=True, help="the curve the drafter chooses its trees from")
@@ -98,6 +101,7 @@ def main(argv=None) -> int:
     drafter = recording(cls(target, cls.Settings(**settings)), steps)
     engine = Engine(model, eos_token_ids(model, tok))
     questions = select_per_subtask(load_jsonl_questions(args.questions), args.per_subtask)
+    turns: list[dict] = []  # every turn's steps, for the bound on the curve
     for q in questions:
         drafter.start_question()
         messages: list[dict] = []
@@ -105,14 +109,23 @@ def main(argv=None) -> int:
             messages.append({"role": "user", "content": text})
             if sampler is not None:
                 sampler.bind(q.question_id, turn)
-            r = engine.generate(prompt_ids(tok, messages, template), drafter, args.max_new_tokens, sampler)
+            ids = prompt_ids(tok, messages, template)
+            r = engine.generate(ids, drafter, args.max_new_tokens, sampler)
             messages.append({"role": "assistant", "content": answer_text(tok, r.tokens)})
+            turns.append({"input_tokens": len(ids), "step_rows": r.step_rows, "accept_lengths": r.accept_lengths})
 
     estimated = sum(sum(s["probs"]) for s in steps)
     accepted = sum(sum(s["hits"]) for s in steps)
     print(f"{args.method} at T = {args.temperature} {' '.join(args.set)}: {len(steps)} drafted steps, "
           f"{sum(len(s['probs']) for s in steps)} nodes; estimated {estimated:.1f} accepted, accepted {accepted} "
           f"({accepted / estimated:.2f} of the estimate)" if estimated else "no drafted node had an estimate")
+    # what the chooser's trees would give were the drafter's host work free: AR's forwards for the
+    # tokens over the steps' own, each at its context on the curve (no timing, so no drift)
+    bound = run_bound(curve, [{"turns": turns}])
+    steps_all = sum(len(t["step_rows"]) for t in turns)
+    mat = sum(sum(t["accept_lengths"]) for t in turns) / steps_all
+    print(f"{steps_all} steps, MAT {mat:.2f}, {bound['mean_rows']:.1f} rows a step: {bound['bound']:.2f}x on the "
+          f"cost curve (forwards only, each at its step's context)")
     head = ["estimate", "nodes", "mean estimate", "accepted"]
     print(markdown_table(head, reliability(steps), pad=True))
     by_source = None
@@ -123,7 +136,8 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps({
             "method": args.method, "temperature": args.temperature, "settings": args.set,
             "drafted_steps": len(steps), "estimated": estimated, "accepted": accepted,
-            "by_estimate": reliability(steps), "by_source": by_source}, indent=1) + "\n")
+            "by_estimate": reliability(steps), "by_source": by_source,
+            "mat": mat, "bound_on_curve": bound}, indent=1) + "\n")
     return 0
 
 
