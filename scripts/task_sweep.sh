@@ -8,7 +8,8 @@
 #   bash scripts/task_sweep.sh            # OUT=results/cpu-tasks; the phases below, in order
 #   PHASES="1 2" bash scripts/task_sweep.sh
 #
-# 1. the leaders at T = 0, with tr_fused's retrieval ablations (suffix trees; suffix trees kept across requests);
+# 1. the leaders at T = 0, with tr_fused's retrieval ablations (suffix trees; the same with its estimates calibrated;
+#    suffix trees kept across requests);
 # 2. the leaders at T = 0.7;  3. every other method at T = 0;  4. and 5. the leaders' second and third runs at both
 # temperatures. A killed sweep resumes on rerun (a finished run directory is skipped, a half-finished one resumes).
 set -euo pipefail
@@ -37,6 +38,8 @@ sweep() {  # methods temperature repeat [extra settings]
 leaders() {  # temperature repeat
   sweep "$LEADERS" "$1" "$2"
   sweep tr_fused "$1" "$2" method.retrieval=suffix
+  # its estimates calibrated: on code_edit the uncalibrated ones promise 1.1-1.5x what is accepted
+  sweep tr_fused "$1" "$2" method.retrieval=suffix method.calibrate=true method.suffix_rates=true
 }
 
 for phase in $PHASES; do
