@@ -28,11 +28,11 @@ import yaml
 from specbench.decoding.engine import Engine
 from specbench.decoding.sampling import PositionSampler
 from specbench.drafter import Target
-from specbench.inputs.chat import answer_text, prompt_ids
 from specbench.inputs.models import eos_token_ids, load_model, named_model_config
 from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask
 from specbench.markdown import markdown_table
 from specbench.registry import drafter_class
+from specbench.run.question_loop import run_question
 from specbench.speculation.cost import CostCurve, run_bound
 
 SOURCES = {1: "matrix", 2: "retrieval", 3: "both"}
@@ -102,17 +102,8 @@ def main(argv=None) -> int:
     engine = Engine(model, eos_token_ids(model, tok))
     questions = select_per_subtask(load_jsonl_questions(args.questions), args.per_subtask)
     turns: list[dict] = []  # every turn's steps, for the bound on the curve
-    for q in questions:
-        drafter.start_question()
-        messages: list[dict] = []
-        for turn, text in enumerate(q.turns):
-            messages.append({"role": "user", "content": text})
-            if sampler is not None:
-                sampler.bind(q.question_id, turn)
-            ids = prompt_ids(tok, messages, template)
-            r = engine.generate(ids, drafter, args.max_new_tokens, sampler)
-            messages.append({"role": "assistant", "content": answer_text(tok, r.tokens)})
-            turns.append({"input_tokens": len(ids), "step_rows": r.step_rows, "accept_lengths": r.accept_lengths})
+    for q in questions:  # as a run decodes it: the system prompt, turn 2 after the model's own turn 1
+        turns += run_question(engine, drafter, tok, q, template, args.max_new_tokens, sampler)["turns"]
 
     estimated = sum(sum(s["probs"]) for s in steps)
     accepted = sum(sum(s["hits"]) for s in steps)

@@ -28,11 +28,12 @@ import yaml
 from specbench.decoding.engine import Engine
 from specbench.decoding.sampling import PositionSampler
 from specbench.drafter import Target
-from specbench.inputs.chat import answer_text, prompt_ids
+from specbench.errors import SpecbenchError
 from specbench.inputs.models import eos_token_ids, load_model, named_model_config
 from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask
 from specbench.markdown import markdown_table
 from specbench.registry import drafter_class
+from specbench.run.question_loop import run_question
 from specbench.speculation.cost import CostCurve
 
 
@@ -43,32 +44,20 @@ def parse_method(spec: str) -> tuple[str, dict]:
     return name, settings
 
 
-def build(spec: str, target):
+def checked(spec: str) -> tuple:
+    """(the method's class, its checked settings): refused in one line before any model loads."""
     name, settings = parse_method(spec)
     cls = drafter_class(name)
-    return cls(target, cls.Settings(**cls.check_settings({**cls.parameters(), **settings}, {})))
+    return cls, cls.check_settings({**cls.parameters(), **settings}, {})
 
 
-def decode(engine, tok, drafter, question, sampler, max_new: int) -> list:
-    """Every turn of `question` (earlier answers in the history), as a run decodes it: the turns' results."""
-    drafter.start_question()
-    messages, results = [], []
-    for turn, text in enumerate(question.turns):
-        messages.append({"role": "user", "content": text})
-        if sampler is not None:
-            sampler.bind(question.question_id, turn)
-        r = engine.generate(prompt_ids(tok, messages), drafter, max_new, sampler)
-        messages.append({"role": "assistant", "content": answer_text(tok, r.tokens)})
-        results.append(r)
-    return results
-
-
-def summary(results: list) -> dict:
-    steps = sum(len(r.step_times) for r in results)
-    tokens = sum(len(r.tokens) for r in results)
-    step_s = sum(sum(r.step_times) for r in results)
-    drafter_s = sum(sum(r.step_propose_times) + sum(r.step_observe_times) for r in results)
-    rows = sum(sum(r.step_rows) for r in results)
+def summary(turns: list[dict]) -> dict:
+    """Per method, over its timed turns (run_question's records)."""
+    steps = sum(len(t["step_times"]) for t in turns)
+    tokens = sum(len(t["token_ids"]) for t in turns)
+    step_s = sum(sum(t["step_times"]) for t in turns)
+    drafter_s = sum(sum(t["step_propose_times"]) + sum(t["step_observe_times"]) for t in turns)
+    rows = sum(sum(t["step_rows"]) for t in turns)
     return {"tokens": tokens, "steps": steps, "mat": tokens / steps, "rows_per_step": rows / steps,
             "ms_per_token": 1e3 * step_s / tokens, "ms_per_token_without_drafter": 1e3 * (step_s - drafter_s) / tokens,
             "drafter_ms_per_step": 1e3 * drafter_s / steps}
@@ -86,28 +75,39 @@ def main(argv=None) -> int:
     ap.add_argument("--eager", action="store_true", help="the eager forward (default: compiled)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    try:
+        classes = {spec: checked(spec) for spec in args.methods}
+        curve = CostCurve.load(args.cost_curve)
+        questions = select_per_subtask(load_jsonl_questions(args.questions), args.per_subtask)
+    except (SpecbenchError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
+    mcfg = named_model_config("smollm2-135m")
+    template = mcfg.get("chat_template", "auto")
+    model, tok = load_model(mcfg, torch.device("cpu"), torch.float32)
     engine = Engine(model, eos_token_ids(model, tok), compiled=not args.eager)
-    curve = CostCurve.load(args.cost_curve)
     sampler = PositionSampler(args.temperature, seed=0) if args.temperature > 0 else None
     target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=model.device, model=model,
                     model_name="smollm2-135m", dtype_name="float32", hardware_curve=curve, sampler=sampler)
-    drafters = {spec: build(spec, target) for spec in args.methods}
-    questions = select_per_subtask(load_jsonl_questions(args.questions), args.per_subtask)
+    drafters = {spec: cls(target, cls.Settings(**settings)) for spec, (cls, settings) in classes.items()}
+
+    def decode(spec, q):  # every turn as a run decodes it: the system prompt, turn 2 after the model's turn 1
+        return run_question(engine, drafters[spec], tok, q, template, args.max_new_tokens, sampler)["turns"]
+
     warm, timed = questions[0], questions[1:]
-    for d in drafters.values():
-        decode(engine, tok, d, warm, sampler, args.max_new_tokens)
+    for spec in drafters:
+        decode(spec, warm)
     results = {spec: [] for spec in drafters}
     first = args.methods[0]
     for i, q in enumerate(timed):
         order = args.methods if i % 2 == 0 else args.methods[::-1]
-        answers = {spec: decode(engine, tok, drafters[spec], q, sampler, args.max_new_tokens) for spec in order}
+        answers = {spec: decode(spec, q) for spec in order}
         for spec in args.methods:
             for mine, theirs in zip(answers[spec], answers[first]):
-                if mine.tokens != theirs.tokens:
+                if mine["token_ids"] != theirs["token_ids"]:
                     print(f"error: {spec} differs from {first} on {q.question_id}", file=sys.stderr)
                     return 1
             results[spec] += answers[spec]
