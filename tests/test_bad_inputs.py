@@ -223,3 +223,25 @@ def test_bench_engine_refuses_an_unknown_method_before_loading_anything(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "unknown method 'nope'. Valid methods:" in err and "tr_fused" in err
+
+
+@pytest.mark.parametrize("method, message", [
+    ("nope", "unknown method 'nope'"),
+    ("tr_fused:retrieval=bogus", "method.retrieval must be one of"),
+    ("tr_fused:bogus=1", "method tr_fused has no setting bogus"),
+])
+def test_head_to_head_refuses_a_bad_method_in_one_line_before_loading(method, message, capsys, monkeypatch):
+    mod = load_script("head_to_head")
+    monkeypatch.setattr(mod, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    code = mod.main(["--questions", str(ROOT / "data/code_edit/code_edit.jsonl"),
+                     "--cost-curve", str(ROOT / "results/cpu-tasks/cost_curve.json"),
+                     "--methods", "suffix", method])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+def test_head_to_head_reads_a_methods_settings_after_its_colon():
+    parse = load_script("head_to_head").parse_method
+    assert parse("suffix") == ("suffix", {})
+    assert parse("tr_fused:retrieval=suffix,calibrate=true,max_nodes=40") == (
+        "tr_fused", {"retrieval": "suffix", "calibrate": True, "max_nodes": 40})
