@@ -159,6 +159,37 @@ def test_timing_flags_name_what_makes_a_speedup_untrustworthy():
     assert timing_marks.merged([["a"], ["b", "a"], []]) == ["a", "b"]
 
 
+
+def _stepped(qid, ms: float, rows: int = 1, steps: int = 30, drafter_ms: float = 0.0, accepted: int = 1) -> dict:
+    """A record whose one turn took `steps` steps of `rows` rows, each `ms` less the drafter's calls,
+    each emitting `accepted` tokens, after a prompt of 100 tokens."""
+    turn = {"input_tokens": 100, "step_rows": [rows] * steps, "step_times": [(ms + drafter_ms) / 1e3] * steps,
+            "step_propose_times": [drafter_ms / 1e3] * steps, "step_observe_times": [0.0] * steps,
+            "accept_lengths": [accepted] * steps}
+    return dict(_record(qid), turns=[turn])
+
+
+def test_a_method_timed_on_a_faster_machine_than_its_ar_is_flagged():
+    """A plain step is AR's work at its context: plain steps clearly cheaper than AR's at the same
+    contexts mean the machine drifted between the two runs."""
+    ar = [_stepped(1, 32.0), _stepped(2, 32.0)]
+    assert timing_marks.plain_steps([_stepped(1, 32.0, steps=3)]) == {(1, 0, 101): 32.0, (1, 0, 102): 32.0,
+                                                                     (1, 0, 103): 32.0}
+    # the drafter's own time is not the machine's: 25 ms of forward plus 3 of drafting is 25
+    assert timing_marks.plain_step_ratio([_stepped(1, 25.0, drafter_ms=3.0)], ar) == (25.0 / 32.0, 30)
+    assert timing_marks.plain_step_ratio([_stepped(1, 25.0, rows=4)], ar) == (None, 0)  # no plain step
+    # steps that emit 3 tokens meet AR's at every third context only
+    assert timing_marks.plain_step_ratio([_stepped(1, 32.0, accepted=3)], ar)[1] == 10
+    flattered = timing_marks.timing_flags([_stepped(1, 25.6), _stepped(2, 25.6)], ar)
+    assert flattered == ["its plain steps took 0.80x the time of AR's at the same contexts: the machine ran faster "
+                         "for the method than for AR (compare with AR interleaved, or head to head)"]
+    assert timing_marks.timing_flags([_stepped(1, 30.7), _stepped(2, 30.7)], ar) == []  # within 10%
+    assert timing_marks.timing_flags([_stepped(1, 36.0), _stepped(2, 36.0)], ar) == []  # a method's own host work may slow it a little
+    assert timing_marks.timing_flags([_stepped(1, 40.0), _stepped(2, 40.0)], ar) == [
+        "its plain steps took 1.25x the time of AR's at the same contexts: the machine ran slower for the method "
+        "than for AR (compare with AR interleaved, or head to head)"]
+    assert timing_marks.timing_flags([_stepped(1, 20.0, steps=5)], ar) == []  # too few plain steps to tell
+
 def _write_run(root: Path, method: str, records: list[dict], base: list[dict]) -> None:
     run = root / "m" / "mini" / f"{method}-t0-m8"
     run.mkdir(parents=True)
