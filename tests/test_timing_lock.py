@@ -17,6 +17,7 @@ import pytest
 
 from specbench.errors import SettingsError
 from specbench.report import timing_marks
+from specbench.run import metrics
 from specbench.run import contention
 from specbench.run.baselines import check_baseline_environment
 from specbench.run.device_lock import DeviceLock, holders_text
@@ -173,13 +174,13 @@ def test_a_method_timed_on_a_faster_machine_than_its_ar_is_flagged():
     """A plain step is AR's work at its context: plain steps clearly cheaper than AR's at the same
     contexts mean the machine drifted between the two runs."""
     ar = [_stepped(1, 32.0), _stepped(2, 32.0)]
-    assert timing_marks.plain_steps([_stepped(1, 32.0, steps=3)]) == {(1, 0, 101): 32.0, (1, 0, 102): 32.0,
+    assert metrics.plain_steps([_stepped(1, 32.0, steps=3)]) == {(1, 0, 101): 32.0, (1, 0, 102): 32.0,
                                                                      (1, 0, 103): 32.0}
     # the drafter's own time is not the machine's: 25 ms of forward plus 3 of drafting is 25
-    assert timing_marks.plain_step_ratio([_stepped(1, 25.0, drafter_ms=3.0)], ar) == (25.0 / 32.0, 30)
-    assert timing_marks.plain_step_ratio([_stepped(1, 25.0, rows=4)], ar) == (None, 0)  # no plain step
+    assert metrics.plain_step_ratio([_stepped(1, 25.0, drafter_ms=3.0)], ar) == (25.0 / 32.0, 30)
+    assert metrics.plain_step_ratio([_stepped(1, 25.0, rows=4)], ar) == (None, 0)  # no plain step
     # steps that emit 3 tokens meet AR's at every third context only
-    assert timing_marks.plain_step_ratio([_stepped(1, 32.0, accepted=3)], ar)[1] == 10
+    assert metrics.plain_step_ratio([_stepped(1, 32.0, accepted=3)], ar)[1] == 10
     flattered = timing_marks.timing_flags([_stepped(1, 25.6), _stepped(2, 25.6)], ar)
     assert flattered == ["its plain steps took 0.80x the time of AR's at the same contexts: the machine ran faster "
                          "for the method than for AR (compare with AR interleaved, or head to head)"]
@@ -189,6 +190,16 @@ def test_a_method_timed_on_a_faster_machine_than_its_ar_is_flagged():
         "its plain steps took 1.25x the time of AR's at the same contexts: the machine ran slower for the method "
         "than for AR (compare with AR interleaved, or head to head)"]
     assert timing_marks.timing_flags([_stepped(1, 20.0, steps=5)], ar) == []  # too few plain steps to tell
+
+
+def test_the_run_says_in_one_line_when_its_ar_met_another_machine():
+    from specbench.report.console import timing_line
+
+    timing = {"exclusive": True, "contended": 0, "baseline_contended": 0}
+    assert timing_line(dict(timing, plain_step_ratio={"ratio": 1.02, "steps": 80})) is None
+    assert timing_line(dict(timing, plain_step_ratio={"ratio": None, "steps": 0})) is None  # nothing to compare
+    line = timing_line(dict(timing, plain_step_ratio={"ratio": 0.84, "steps": 80}))
+    assert line.startswith("TIMING NOT ALONE: its plain steps took 0.84x the time of AR's") and "faster" in line
 
 def _write_run(root: Path, method: str, records: list[dict], base: list[dict]) -> None:
     run = root / "m" / "mini" / f"{method}-t0-m8"

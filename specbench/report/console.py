@@ -4,6 +4,7 @@ divergence the lossless check found. Read from the summary alone, so a finished 
 from __future__ import annotations
 
 from specbench.markdown import markdown_table
+from specbench.report import timing_marks
 from specbench.run import lossless
 from specbench.speculation import roofline
 
@@ -123,13 +124,18 @@ def divergence_lines(details: list[dict]) -> list[str]:
 
 
 def timing_line(timing: dict | None) -> str | None:
-    """One line when the timing is not to be trusted as is: timed on a shared device, or under other load."""
+    """One line when the timing is not to be trusted as is: timed on a shared device, under other load, or
+    on a machine whose speed moved between the method and AR (timing_marks.drift_line)."""
     if not timing:
         return None
     flagged = timing.get("contended", 0) + timing.get("baseline_contended", 0)
-    if timing.get("exclusive", True) and not flagged:
+    plain = timing.get("plain_step_ratio") or {}
+    drift = timing_marks.drift_line(plain.get("ratio"), plain.get("steps") or 0)
+    if timing.get("exclusive", True) and not flagged and not drift:
         return None
     why = [] if timing.get("exclusive", True) else ["timed on a shared device (timing.exclusive=false)"]
+    if drift:
+        why.append(drift)
     if flagged:
         why.append(f"{timing.get('contended', 0)} of the method's and {timing.get('baseline_contended', 0)} of "
                    f"AR's timed sections ran while other processes loaded the device (more than "

@@ -11,46 +11,14 @@ made hours apart, a CPU that drifts). Answers written before timing was recorded
 
 from __future__ import annotations
 
+from specbench.run.metrics import plain_step_ratio
+
 MARK = "†"
 # a method's plain steps under this share of AR's at the same contexts: timed on a faster machine; over
 # SLOWER: on a slower one, or its own host work slows its forwards (evicted caches), hence the wider
-# margin that way (how far interleaved runs go: docs/protocol.md, "Timing")
+# margin that way (how far interleaved runs go: docs/protocol.md, "Timing alone")
 FASTER, SLOWER = 0.9, 1.15
 PLAIN_STEPS = 20  # the fewest plain steps, each against AR's at its context, to tell
-
-
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-def plain_steps(records: list[dict]) -> dict[tuple, float]:
-    """Every one-row step's milliseconds less the drafter's propose and observe, keyed by (question,
-    turn, context: the tokens before it). A one-row step is the same work in every method at the same
-    context: what it cost is the machine's speed as the run met it. Turns without step times give none."""
-    out = {}
-    for r in records:
-        for k, t in enumerate(r.get("turns") or []):
-            rows, times, accepted = t.get("step_rows"), t.get("step_times"), t.get("accept_lengths")
-            if not (rows and times and accepted and "input_tokens" in t):
-                continue
-            propose = t.get("step_propose_times") or [0.0] * len(times)
-            observe = t.get("step_observe_times") or [0.0] * len(times)
-            context = t["input_tokens"] + 1  # the prefill emits the first token
-            for w, s, p, o, a in zip(rows, times, propose, observe, accepted):
-                if w == 1:
-                    out[(r["question_id"], k, context)] = 1e3 * (s - p - o)
-                context += a
-    return out
-
-
-def plain_step_ratio(records: list[dict], baseline: list[dict]) -> tuple[float | None, int]:
-    """(median over the method's one-row steps of their time over AR's step at the same question, turn
-    and context; how many such pairs). About 1 where both met the same machine."""
-    mine, ar = plain_steps(records), plain_steps(baseline)
-    ratios = [ms / ar[key] for key, ms in mine.items() if ar.get(key, 0) > 0]
-    return (_median(ratios) if ratios else None), len(ratios)
 
 
 def timing_flags(records: list[dict], baseline: list[dict]) -> list[str]:
@@ -70,12 +38,19 @@ def timing_flags(records: list[dict], baseline: list[dict]) -> list[str]:
     base_envs = {t["environment"] for t in base_timings if t.get("environment")}
     if len(envs | base_envs) > 1:
         flags.append("method and AR timed on different hardware or software")
-    ratio, pairs = plain_step_ratio(records, base)
-    if pairs >= PLAIN_STEPS and not FASTER <= ratio <= SLOWER:
-        flags.append(f"its plain steps took {ratio:.2f}x the time of AR's at the same contexts: the machine ran "
-                     f"{'faster' if ratio < FASTER else 'slower'} for the method than for AR (compare with AR "
-                     f"interleaved, or head to head)")
+    drift = drift_line(*plain_step_ratio(records, base))
+    if drift:
+        flags.append(drift)
     return flags
+
+
+def drift_line(ratio: float | None, pairs: int) -> str | None:
+    """What `plain_step_ratio` says of the machine, when the two sides met different speeds (else None)."""
+    if pairs < PLAIN_STEPS or FASTER <= ratio <= SLOWER:
+        return None
+    return (f"its plain steps took {ratio:.2f}x the time of AR's at the same contexts: the machine ran "
+            f"{'faster' if ratio < FASTER else 'slower'} for the method than for AR (compare with AR interleaved, "
+            f"or head to head)")
 
 
 def summary_flags(summary: dict) -> list[str]:

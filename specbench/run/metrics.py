@@ -12,7 +12,7 @@ everything else.
 from __future__ import annotations
 
 import random
-from statistics import mean, stdev
+from statistics import mean, median, stdev
 
 from specbench.inputs.questions import SUBTASKS
 
@@ -295,3 +295,31 @@ def subtask_figures(records: list[dict], baseline: list[dict]) -> dict:
                     "baseline_prefill_time": prefill_time(base) if base else None,
                     **{k: memory_peak(recs, k) for k in MEMORY_KEYS}}
     return out
+
+
+def plain_steps(records: list[dict]) -> dict[tuple, float]:
+    """Every one-row step's milliseconds less the drafter's propose and observe, keyed by (question,
+    turn, context: the tokens before it). A one-row step is the same work in every method at the same
+    context: what it cost is the machine's speed as the run met it. Turns without step times give none."""
+    out = {}
+    for r in records:
+        for k, t in enumerate(r.get("turns") or []):
+            rows, times, accepted = t.get("step_rows"), t.get("step_times"), t.get("accept_lengths")
+            if not (rows and times and accepted and "input_tokens" in t):
+                continue
+            propose = t.get("step_propose_times") or [0.0] * len(times)
+            observe = t.get("step_observe_times") or [0.0] * len(times)
+            context = t["input_tokens"] + 1  # the prefill emits the first token
+            for w, s, p, o, a in zip(rows, times, propose, observe, accepted):
+                if w == 1:
+                    out[(r["question_id"], k, context)] = 1e3 * (s - p - o)
+                context += a
+    return out
+
+
+def plain_step_ratio(records: list[dict], baseline: list[dict]) -> tuple[float | None, int]:
+    """(median over the method's one-row steps of their time over AR's step at the same question, turn
+    and context; how many such pairs). About 1 where both met the same machine."""
+    mine, ar = plain_steps(records), plain_steps(baseline)
+    ratios = [ms / ar[key] for key, ms in mine.items() if ar.get(key, 0) > 0]
+    return (median(ratios) if ratios else None), len(ratios)

@@ -8,6 +8,7 @@ import time
 from contextlib import contextmanager, nullcontext
 
 from specbench.config import RunPlan
+from specbench.run.metrics import plain_step_ratio
 from specbench.run.contention import LoadSampler
 from specbench.run.device_lock import DeviceLock, device_key
 from specbench.run.provenance import environment_key, provenance
@@ -52,6 +53,8 @@ class TimingGuard:
             "waited_s": round(self.lock.waited, 3) if self.lock else 0.0,
             "max_other_load": self.sampler.max_other_load,
             "contended": contended_count(records), "baseline_contended": contended_count(baseline),
+            # the method's one-row steps against AR's at the same contexts: about 1 when both met one machine
+            "plain_step_ratio": dict(zip(("ratio", "steps"), plain_step_ratio(records, baseline))),
             "provenance": dict(self.provenance, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z")),
         }
 
