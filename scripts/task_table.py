@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     aggregated = tables.aggregate(rows)
     md = task_table.task_table(aggregated, args.top)
     note = ("Overall speedup over AR (mean ± std over runs), MAT and runs in brackets; the best of each column "
-            f"in bold; {task_table.timing_marks.MARK}: not timed alone. From: " + ", ".join(f"`{r}`" for r in args.roots) + ".")
+            f"in bold; {task_table.timing_marks.MARK}: not timed alone, or timed on another machine speed than its AR (its plain steps). From: " + ", ".join(f"`{r}`" for r in args.roots) + ".")
     print(md + "\n\n" + note)
     if args.readme:
         readme = Path(args.readme)

@@ -61,7 +61,7 @@ def _labels(df):
 def _timing_note(fig, df) -> None:
     """The marked labels' footnote under a speedup plot (run/contention.py, report/timing_marks.py)."""
     if "timing_flags" in df.columns and df["timing_flags"].map(bool).any():
-        fig.text(0.01, 0.005, f"{timing_marks.MARK} not timed alone on one environment: see the tables' footnote",
+        fig.text(0.01, 0.005, f"{timing_marks.MARK} not timed alone on one environment, or at another machine speed than its AR: see the tables' footnote",
                  fontsize=7, color="firebrick")
 
 

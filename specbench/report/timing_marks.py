@@ -83,4 +83,4 @@ def footnote(rows: list[dict], label_of) -> str | None:
     lines = [f"{label_of(r)}: {'; '.join(r['timing_flags'])}" for r in rows if r.get("timing_flags")]
     if not lines:
         return None
-    return f"{MARK} not timed alone on one environment, so not comparable as is: " + " | ".join(lines)
+    return f"{MARK} not timed alone on one environment, or at another machine speed than its AR, so not comparable as is: " + " | ".join(lines)
