@@ -4,7 +4,8 @@
         --readme README.md --plot results/cpu-tasks/plots
 
 Reads every run directory under the given sweep folders, averages repeated runs (report/tables.aggregate)
-and lays the tasks side by side (report/task_table.py): a row per method among the leaders, a column per
+and lays the tasks side by side (report/task_table.py; where a method ran both against a shared AR and with AR
+interleaved, only the interleaved runs count): a row per method among the leaders, a column per
 (temperature, task), each cell 'speedup ± std (MAT, n=runs)', the column's best in bold. With --readme,
 the block between `<!-- task-table: begin -->` and `<!-- task-table: end -->` gets the table.
 """
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
         print(f"error: no run directories under {', '.join(args.roots)}; give sweep folders (results roots)",
               file=sys.stderr)
         return 2
-    aggregated = tables.aggregate(rows)
+    aggregated = tables.aggregate(task_table.interleaved_first(rows))
     md = task_table.task_table(aggregated, args.top)
     note = ("Overall speedup over AR (mean ± std over runs), MAT and runs in brackets; the best of each column "
             f"in bold; {task_table.timing_marks.MARK}: not timed alone, or timed on another machine speed than its AR (its plain steps). From: " + ", ".join(f"`{r}`" for r in args.roots) + ".")

@@ -61,6 +61,20 @@ def test_variants_of_one_method_are_told_apart_by_what_departs_from_its_defaults
     assert set(labels["tr_fused"]) == {(0, "spec_bench"), (0, "code_edit")}  # one row across both sweeps
 
 
+def test_interleaved_runs_supersede_shared_ones_of_the_same_method_task_and_temperature():
+    def run(method, temperature, mode, params=None):
+        return {**row(method, "code_edit-ps2", temperature, 2.0, params=params), "baseline_mode": mode}
+
+    rows = [run("suffix", 0, "shared"), run("suffix", 0, "interleave"), run("suffix", 0, "interleave"),
+            run("suffix", 0.7, "shared"),  # no interleaved run at 0.7: kept
+            run("pld", 0, "shared"),
+            run("tr_fused", 0, "shared", {"retrieval": "suffix"}), run("tr_fused", 0, "interleave")]
+    kept = task_table.interleaved_first(rows)
+    assert [(r["method"], r["temperature"], r["baseline_mode"]) for r in kept] == [
+        ("suffix", 0, "interleave"), ("suffix", 0, "interleave"), ("suffix", 0.7, "shared"), ("pld", 0, "shared"),
+        ("tr_fused", 0, "shared"), ("tr_fused", 0, "interleave")]  # another variant's runs stay
+
+
 def test_the_readme_block_is_replaced_between_its_markers():
     from specbench.markdown import replace_between
 

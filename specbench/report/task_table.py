@@ -46,6 +46,18 @@ def cells(rows: list[dict]) -> dict[str, dict[tuple[float, str], dict]]:
     return out
 
 
+def interleaved_first(rows: list[dict]) -> list[dict]:
+    """Run rows (before aggregating) less those a better-timed measurement supersedes: where a method (label)
+    has runs with AR interleaved at a (temperature, task), its runs there against a shared AR are left out.
+    A shared AR may have been timed hours earlier on a machine that has drifted since; the interleaved runs
+    are the ones a cell should average, never a mix of both."""
+    def key(r):
+        return label(r), r["temperature"], task_name(r["task"])
+
+    interleaved = {key(r) for r in rows if r.get("baseline_mode") == "interleave"}
+    return [r for r in rows if key(r) not in interleaved or r.get("baseline_mode") == "interleave"]
+
+
 def leaders(by_label: dict[str, dict], cols: list[tuple[float, str]], top: int) -> list[str]:
     """Every method best in some column, then the rest: those that ran in more columns first, then by mean
     speedup over the columns they ran in; `top` rows at most (never fewer than the column winners)."""
