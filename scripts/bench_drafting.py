@@ -1,6 +1,7 @@
 """A drafter's own host time per decoding step, `propose` and `observe` apart (not a test).
 
     python scripts/bench_drafting.py [--methods tr_fused,pld,suffix] [--temperatures 0,0.7] [--tokens 128]
+    python scripts/bench_drafting.py --methods suffix tr_fused:retrieval=suffix
     python scripts/bench_drafting.py --lookup --context 2048 [--sweep]
 
 The default replays real decoding: the embedded SmolLM2-135M decodes Spec-Bench's first question of
@@ -39,7 +40,9 @@ from specbench.inputs.chat import prompt_ids
 from specbench.inputs.models import eos_token_ids, load_model, named_model_config
 from specbench.inputs.tasks import MINI, load_jsonl_questions, select_per_subtask
 from specbench.registry import build_drafter, drafter_class
-from specbench.speculation.cost import curve_for
+from specbench.speculation.cost import CostCurve, curve_for
+
+from head_to_head import parse_method  # scripts/: `name:key=value,..` as head_to_head takes it
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "fixtures" / "spec_bench_sample.jsonl"
@@ -84,8 +87,9 @@ def replay(method: str, temperature: float, model, engine, curve, questions, max
     sampler = PositionSampler(temperature, seed=0) if temperature > 0 else None
     target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=model.device, model=model,
                     model_name="smollm2-135m", dtype_name="float32", hardware_curve=curve, sampler=sampler)
-    cls = drafter_class(method)
-    drafter = cls(target, cls.Settings())
+    name, settings = parse_method(method)
+    cls = drafter_class(name)
+    drafter = cls(target, cls.Settings(**cls.check_settings({**cls.parameters(), **settings}, {})))
     times: dict[str, list[float]] = {"propose": [], "observe": [], "noise": []}
     steps = tokens = 0
     for i, (qid, ids) in enumerate(questions):
@@ -113,7 +117,8 @@ def replay_all(args) -> list[dict]:
     torch.set_num_threads(args.threads)
     model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
     engine = Engine(model, eos_token_ids(model, tok), compiled=args.compiled)
-    curve = curve_for(model, "smollm2-135m", "float32", engine=engine)
+    # a fixed curve makes runs comparable step for step (the quick curve is measured anew each time)
+    curve = CostCurve.load(args.cost_curve) if args.cost_curve else curve_for(model, "smollm2-135m", "float32", engine=engine)
     path = args.questions or SAMPLE
     picked = select_per_subtask(load_jsonl_questions(path), 1)
     questions = [(q.question_id, prompt_ids(tok, [{"role": "user", "content": q.turns[0]}])) for q in picked]
@@ -173,10 +178,12 @@ def lookup(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--methods", default="tr_fused,pld,suffix", type=lambda s: s.split(","))
+    ap.add_argument("--methods", default=["tr_fused,pld,suffix"], nargs="+",
+                    help="methods, comma-separated, or one each with its settings: tr_fused:retrieval=suffix,calibrate=true")
     ap.add_argument("--temperatures", default="0,0.7", type=lambda s: [float(t) for t in s.split(",")])
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per question")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the done-when's: one)")
+    ap.add_argument("--cost-curve", default=None, help="a run's cost_curve.json (default: the quick curve, measured)")
     ap.add_argument("--compiled", action="store_true", help="the compiled forward (default: eager)")
     ap.add_argument("--questions", default=None, help="question.jsonl (default: the tests' Spec-Bench sample)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -188,6 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="--lookup: also 256, 512, 1024, ... up to --context")
     ap.add_argument("--out", default=None, help="the figures as JSON")
     args = ap.parse_args(argv)
+    args.methods = [m for spec in args.methods for m in ([spec] if ":" in spec else spec.split(","))]
     res = lookup(args) if args.lookup else replay_all(args)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")

@@ -15,7 +15,7 @@ from specbench.draft import DecodeState, StepOutcome
 from specbench.errors import SettingsError
 from specbench.methods.suffix import drafter as suffix
 from specbench.methods.suffix.drafter import SuffixDecoding, arctic_problem
-from specbench.drafting.suffix_tree import SuffixTrees, speculate, text_of
+from specbench.drafting.suffix_tree import SuffixTrees, match_groups, speculate, text_of
 from specbench.registry import build_drafter
 
 HAVE_ARCTIC = arctic_problem() is None
@@ -87,7 +87,7 @@ def explicit_draft(seqs, context, depth, factor, offset, min_prob, use_tree):
     occ = explicit_tree(seqs, depth)
     kids = lambda s: [(t[-1], len(occ[t]), occ[t][0]) for t in occ if len(t) == len(s) + 1 and t[:-1] == s]  # noqa: E731
     context = context[-depth:]
-    best = ([], 0.0, 0)
+    best, by_length = ([], 0.0, 0), {}
     for m in range(1, len(context)):
         s = tuple(context[-m:])
         if s not in occ:
@@ -113,27 +113,56 @@ def explicit_draft(seqs, context, depth, factor, offset, min_prob, use_tree):
                 found.append((tok, p))
                 node += (tok,)
         score = sum(found) if use_tree else sum(p for _, p in found)
+        by_length[m] = (found if use_tree else [t for t, _ in found], score, m)
         if score >= best[1] - 1e-12:
-            best = (found if use_tree else [t for t, _ in found], score, m)
-    return best
+            best = by_length[m]
+    return best, by_length
 
 
 @pytest.mark.parametrize("use_tree", [False, True])
 def test_drafts_equal_the_explicit_tree_s_on_random_texts(use_tree):
     rng = random.Random(0)
-    for _ in range(150):
-        depth, vocab = rng.choice([3, 5, 8]), rng.choice([2, 3, 6])
+    for _ in range(400):
+        depth, vocab = rng.choice([3, 5, 8, 24]), rng.choice([2, 3, 6, 50])
         seqs = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 30))] for _ in range(rng.randrange(1, 4))]
         context = [rng.randrange(vocab) for _ in range(rng.randrange(2, 12))]
+        if rng.random() < 0.5:  # a context copied from the text: long matches, often of one occurrence
+            seq = rng.choice(seqs)
+            start = rng.randrange(len(seq))
+            context = context[: rng.randrange(3)] + seq[start : start + rng.randrange(1, 26)]
         factor, offset, min_prob = rng.choice([0.5, 1.0, 3.0]), rng.choice([0.0, 1.0]), rng.choice([0.0, 0.15, 0.4])
         got = draft(seqs, context, depth, factor, offset, min_prob, use_tree)
-        want, score, m = explicit_draft(seqs, context, depth, factor, offset, min_prob, use_tree)
-        assert got.score == pytest.approx(score) and (got.match_len == m or not got.tokens)
+        (want, score, m), by_length = explicit_draft(seqs, context, depth, factor, offset, min_prob, use_tree)
+        assert got.score == pytest.approx(score)
+        if got.tokens and got.match_len != m:  # scores equal but for rounding: either draft is the best
+            want, tied, _ = by_length[got.match_len]
+            assert tied == pytest.approx(score)
         if use_tree:  # the same probabilities (ties may pick other nodes), and each parent drafted first
             assert sorted(got.probs, reverse=True) == pytest.approx(want)
             assert all(-1 <= p < i for i, p in enumerate(got.parents))
         else:
             assert got.tokens == want and got.parents == list(range(-1, len(want) - 1))
+
+
+def test_match_groups_cover_every_match_length_with_its_occurrences():
+    rng = random.Random(5)
+    for _ in range(300):
+        vocab = rng.choice([2, 4, 40])
+        text = text_of([[rng.randrange(vocab) for _ in range(rng.randrange(1, 80))] for _ in range(rng.randrange(1, 3))])
+        context = np.array([rng.randrange(vocab) for _ in range(rng.randrange(1, 20))])
+        max_len = rng.randrange(1, 25)
+        want = {}  # m -> the end positions of the context's last m tokens, by brute force
+        for m in range(1, min(max_len, len(context)) + 1):
+            ends = [e for e in range(m - 1, len(text)) if list(text[e - m + 1 : e + 1]) == list(context[-m:])]
+            if not ends:
+                break
+            want[m] = ends
+        got, next_m = {}, 1
+        for first, last, ends in match_groups(text, context, max_len):
+            assert first == next_m and last >= first  # contiguous, in order
+            got.update({m: ends.tolist() for m in range(first, last + 1)})
+            next_m = last + 1
+        assert got == want
 
 
 @pytest.mark.skipif(not HAVE_ARCTIC, reason=f"arctic-inference does not import here ({arctic_problem()})")

@@ -46,34 +46,35 @@ def text_of(sequences) -> np.ndarray:
     return np.concatenate(parts) if parts else np.array([SEP])
 
 
-def match_ends(text: np.ndarray, context: np.ndarray, max_len: int):
-    """Yield (m, end positions of the context's last m tokens in `text`) for m = 1, 2, .. max_len,
-    while there are any. Each set filters the last: one comparison over the text, then over hits;
-    once one occurrence is left, longer matches are checked a token at a time."""
-    if max_len < 1 or len(context) < 1:
+def match_groups(text: np.ndarray, context: np.ndarray, max_len: int):
+    """Yield (first, last, ends) for the lengths m = first .. last (from 1 up to `max_len`, while the
+    context's last m tokens occur in `text`) whose occurrences are one set: `ends`, their end positions,
+    ascending. Each length filters the last one's occurrences (one comparison over the text, then over
+    the hits); once one is left, its longest match is read in one comparison (`longest_match`)."""
+    n = min(max_len, len(context))
+    if n < 1:
         return
     ends = np.flatnonzero(text == context[-1])
-    for m in range(1, max_len + 1):
-        if ends.size == 0:
-            return
-        yield m, ends
-        if m == max_len or m == len(context):
-            return
-        if ends.size == 1:  # a single occurrence: array calls would cost more than the compares
-            yield from _one_occurrence(text, context, ends, m, max_len)
-            return
-        ends = ends[ends >= m]
-        ends = ends[text[ends - m] == context[-1 - m]]
+    first = m = 1
+    while ends.size > 1 and m < n:
+        longer = ends[ends >= m]
+        longer = longer[text[longer - m] == context[-1 - m]]
+        if longer.size < ends.size:  # as many occurrences: the same ones
+            yield first, m, ends
+            first = m + 1
+        ends, m = longer, m + 1
+    if ends.size:
+        yield first, (longest_match(text, context, int(ends[0]), m, n) if ends.size == 1 else m), ends
 
 
-def _one_occurrence(text: np.ndarray, context: np.ndarray, ends: np.ndarray, m: int, max_len: int):
-    """`match_ends` past length m when `ends` holds one position: the same yields, the same array."""
-    end = int(ends[0])
-    while end >= m and text[end - m] == context[-1 - m]:
-        m += 1
-        yield m, ends
-        if m == max_len or m == len(context):
-            return
+def longest_match(text: np.ndarray, context: np.ndarray, end: int, m: int, max_len: int) -> int:
+    """How many of the context's last tokens end at text position `end`, known to be at least m, at
+    most `max_len`: the text read backwards from `end` against the context read backwards."""
+    n = min(max_len, len(context), end + 1)
+    if n <= m:
+        return m
+    differ = np.flatnonzero(text[end - n + 1 : end + 1][::-1] != context[len(context) - n :][::-1])
+    return int(differ[0]) if differ.size else n
 
 
 SMALL = 64  # up to this many occurrences a Python count beats numpy's fixed costs
@@ -112,14 +113,13 @@ def follow_path(text: np.ndarray, ends: np.ndarray, limit: int, min_prob: float)
     spec, prob = Speculation(), 1.0
     while len(spec.tokens) < limit:
         if ends.size == 1:  # one occurrence left: the text after it, every step certain
-            start = int(ends[0]) + 1
-            rest = text[start : start + limit - len(spec.tokens)]
-            stop = np.flatnonzero(rest == SEP)
-            rest = rest[: stop[0]] if stop.size else rest
-            for tok in rest.tolist():
-                spec.parents.append(len(spec.tokens) - 1)
-                spec.tokens.append(tok)
-                spec.probs.append(prob)
+            start, drafted = int(ends[0]) + 1, len(spec.tokens)
+            rest = text[start : start + limit - drafted].tolist()
+            if SEP in rest:
+                rest = rest[: rest.index(SEP)]
+            spec.parents += range(drafted - 1, drafted - 1 + len(rest))
+            spec.tokens += rest
+            spec.probs += [prob] * len(rest)
             break
         after, kids = children(text, ends, best_only=True)
         if not kids:
@@ -135,13 +135,18 @@ def follow_path(text: np.ndarray, ends: np.ndarray, limit: int, min_prob: float)
     return spec
 
 
-def grow_tree(text: np.ndarray, ends: np.ndarray, limit: int, min_prob: float, max_depth: int) -> Speculation:
-    """The `limit` likeliest continuations as a tree: best first by probability (a child is never
-    likelier than its parent, so every node's parent is drafted before it), none below `min_prob`
-    or deeper than `max_depth` tokens. Equal probabilities: first found, first drafted."""
-    spec = Speculation()
+def best_first(text: np.ndarray, ends: np.ndarray, need: int, min_prob: float, max_depth: int,
+               shallow: int) -> tuple[list[int], list[int], list[float], list[int]]:
+    """The continuations of the node whose string ends at `ends`, likeliest first (a child is never
+    likelier than its parent, so every node's parent comes before it), none below `min_prob` or deeper
+    than `max_depth`, until `need` of them lie at most `shallow` deep: (tokens, parents as indices into
+    them, -1 the root; probabilities; depths). Equal probabilities: first found, first."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    depths: list[int] = []
     heap: list = []
-    pushed = 0
+    pushed = shallow_found = 0
 
     def push_children(node_ends: np.ndarray, prob: float, parent: int, depth: int) -> None:
         nonlocal pushed
@@ -157,44 +162,74 @@ def grow_tree(text: np.ndarray, ends: np.ndarray, limit: int, min_prob: float, m
             pushed += 1
 
     push_children(ends, 1.0, -1, 0)
-    while heap and len(spec.tokens) < limit:
+    while heap and shallow_found < need:
         neg_p, _, tok, node_ends, parent, depth = heapq.heappop(heap)
-        spec.tokens.append(tok)
-        spec.parents.append(parent)
-        spec.probs.append(-neg_p)
-        push_children(node_ends, -neg_p, len(spec.tokens) - 1, depth)
+        tokens.append(tok)
+        parents.append(parent)
+        probs.append(-neg_p)
+        depths.append(depth)
+        shallow_found += depth <= shallow
+        push_children(node_ends, -neg_p, len(tokens) - 1, depth)
+    return tokens, parents, probs, depths
+
+
+def take(order: tuple[list[int], list[int], list[float], list[int]], limit: int, max_depth: int) -> Speculation:
+    """The first `limit` nodes of a `best_first` order at most `max_depth` deep, as a tree: what
+    `best_first` would have drafted with that depth (a shallow node's rank among the shallow ones is
+    the same whatever deeper nodes came between)."""
+    spec, place = Speculation(), {-1: -1}
+    for i, (tok, par, prob, depth) in enumerate(zip(*order)):
+        if len(spec.tokens) >= limit:
+            break
+        if depth <= max_depth:
+            place[i] = len(spec.tokens)
+            spec.tokens.append(tok)
+            spec.parents.append(place[par])
+            spec.probs.append(prob)
     return spec
+
+
+def grow_tree(text: np.ndarray, ends: np.ndarray, limit: int, min_prob: float, max_depth: int) -> Speculation:
+    """The `limit` likeliest continuations as a tree, none below `min_prob` or deeper than `max_depth`
+    tokens (`best_first`)."""
+    return take(best_first(text, ends, limit, min_prob, max_depth, max_depth), limit, max_depth)
 
 
 def speculate(text: np.ndarray, context: np.ndarray, *, max_depth: int, max_tokens: int, factor: float,
               offset: float, min_prob: float, use_tree: bool) -> Speculation:
     """The best-scoring draft over every match length of the context's tail (module docstring); of equal
-    scores, the longest match's."""
+    scores, the longest match's. A match takes m of the depth and earns factor x m + offset tokens; the
+    lengths with one set of occurrences (`match_groups`) share one search of their continuations."""
     context = np.asarray(context)[-max_depth:]
-    if use_tree:
-        best = Speculation()
-        for m, ends in match_ends(text, context, len(context) - 1):
-            limit = max(0, min(max_tokens, int(m * factor + offset + 1e-6)))
-            spec = grow_tree(text, ends, limit, min_prob, max_depth - m)  # the match takes m of the depth
-            if spec.score >= best.score:
-                spec.match_len = m
-                best = spec
+    best, best_score, best_at = Speculation(), 0.0, None
+    for first, last, ends in match_groups(text, context, len(context) - 1):
+        lengths = range(first, last + 1)
+        limits = [max(0, min(max_tokens, int(m * factor + offset + 1e-6))) for m in lengths]
+        if use_tree:
+            order = best_first(text, ends, max(limits), min_prob, max_depth - first, max_depth - last)
+            if not order[0]:  # nothing follows (the context's own end): every length drafts nothing
+                if best.score <= 0:
+                    best = Speculation(match_len=last)
+                continue
+            for m, limit in zip(lengths, limits):
+                spec = take(order, limit, max_depth - m)
+                if spec.score >= best.score:
+                    spec.match_len = m
+                    best = spec
+            continue
+        path = follow_path(text, ends, max_depth - first, min_prob)
+        if not path.tokens:  # as above
+            if best_score <= 0:
+                best_at = (last, 0, path)
+            continue
+        sums = list(accumulate(path.probs, initial=0.0))  # a prefix's score, summed as `score` sums
+        for m, limit in zip(lengths, limits):
+            k = min(limit, max_depth - m)
+            if sums[min(k, len(path.probs))] >= best_score:
+                best_at, best_score = (m, k, path), sums[min(k, len(path.probs))]
+    if use_tree or best_at is None:
         return best
-    best, best_score = None, 0.0
-    path, path_count, sums = Speculation(), 0, [0.0]  # the last path, drafted as far as the tree allows
-    for m, ends in match_ends(text, context, len(context) - 1):
-        limit = max(0, min(max_tokens, int(m * factor + offset + 1e-6)))
-        room = max_depth - m
-        # a longer match with as many occurrences has the same ones, hence the same path
-        if ends.size != path_count:
-            path, path_count = follow_path(text, ends, room, min_prob), ends.size
-            sums = list(accumulate(path.probs, initial=0.0))  # a prefix's score, summed as `score` sums
-        k = min(limit, room)
-        if sums[min(k, len(path.probs))] >= best_score:
-            best, best_score = (m, k, path), sums[min(k, len(path.probs))]
-    if best is None:
-        return Speculation()
-    m, k, path = best
+    m, k, path = best_at
     return Speculation(path.tokens[:k], path.parents[:k], path.probs[:k], m)
 
 
