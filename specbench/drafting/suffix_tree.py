@@ -189,12 +189,6 @@ def take(order: tuple[list[int], list[int], list[float], list[int]], limit: int,
     return spec
 
 
-def grow_tree(text: np.ndarray, ends: np.ndarray, limit: int, min_prob: float, max_depth: int) -> Speculation:
-    """The `limit` likeliest continuations as a tree, none below `min_prob` or deeper than `max_depth`
-    tokens (`best_first`)."""
-    return take(best_first(text, ends, limit, min_prob, max_depth, max_depth), limit, max_depth)
-
-
 def speculate(text: np.ndarray, context: np.ndarray, *, max_depth: int, max_tokens: int, factor: float,
               offset: float, min_prob: float, use_tree: bool) -> Speculation:
     """The best-scoring draft over every match length of the context's tail (module docstring); of equal
