@@ -31,7 +31,7 @@ from specbench.inputs.chat import prompt_ids
 from specbench.inputs.models import load_model, named_model_config
 from specbench.inputs.tasks import load_jsonl_questions
 from specbench.markdown import markdown_table
-from specbench.methods.suffix.drafter import ArcticTrees, arctic_problem
+from specbench.drafting.suffix_backends import ArcticTrees, arctic_problem
 from specbench.drafting.suffix_tree import SuffixTrees
 from specbench.run.results_io import read_jsonl
 

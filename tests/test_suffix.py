@@ -13,8 +13,9 @@ import torch
 from specbench.decoding.engine import Engine
 from specbench.draft import DecodeState, StepOutcome
 from specbench.errors import SettingsError
-from specbench.methods.suffix import drafter as suffix
-from specbench.methods.suffix.drafter import SuffixDecoding, arctic_problem
+from specbench.drafting import suffix_backends
+from specbench.drafting.suffix_backends import arctic_problem
+from specbench.methods.suffix.drafter import SuffixDecoding
 from specbench.drafting.suffix_tree import SuffixTrees, match_groups, speculate, text_of
 from specbench.registry import build_drafter
 
@@ -314,7 +315,7 @@ def test_bad_settings_are_refused_before_anything_loads(params, message):
 def test_arctic_asked_for_but_missing_is_refused_in_one_line_naming_the_install(monkeypatch, capsys):
     from tests.test_bad_inputs import run_in_process
 
-    monkeypatch.setattr(suffix, "arctic_problem", lambda: "No module named 'arctic_inference'")
+    monkeypatch.setattr(suffix_backends, "arctic_problem", lambda: "No module named 'arctic_inference'")
     code, err = run_in_process(["method=suffix", "method.backend=arctic"], monkeypatch, capsys)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
@@ -322,7 +323,7 @@ def test_arctic_asked_for_but_missing_is_refused_in_one_line_naming_the_install(
 
 
 def test_auto_falls_back_to_our_trees_with_one_warning(monkeypatch, capsys):
-    monkeypatch.setattr(suffix, "arctic_problem", lambda: "No module named 'arctic_inference'")
+    monkeypatch.setattr(suffix_backends, "arctic_problem", lambda: "No module named 'arctic_inference'")
     d = build_drafter("suffix", vocab_size=100)
     err = capsys.readouterr().err.strip().splitlines()
     assert d.backend == "python" and len(err) == 1 and err[0].startswith("warning: ")

@@ -13,9 +13,12 @@ from specbench.methods.ar import Autoregressive
 from specbench.methods.tr.fused import (MATRIX, SUFFIX_BINS, FusedTokenRecycling, merge_chain, merge_tree,
                                         retrieved_trials, suffix_cells)
 from specbench.registry import build_drafter
+from specbench.drafting import suffix_backends
 
 TARGET = {"model_name": "smollm2-135m", "device": "cpu", "dtype_name": "float32"}
 FLAT = CostCurve(widths=[1, 100], times=[1.0, 1.3], device="cpu", dtype="float32")
+SUFFIX_BACKENDS = ["python", pytest.param("arctic", marks=pytest.mark.skipif(
+    suffix_backends.arctic_problem() is not None, reason="arctic-inference does not import here"))]
 
 
 def test_merge_chain_shares_the_longest_template_prefix():
@@ -137,18 +140,34 @@ def drafted_paths(draft):
             for i in range(len(draft.tree))}
 
 
-def test_suffix_source_drafts_the_repeated_continuation_with_frequency_estimates():
+@pytest.mark.parametrize("backend", SUFFIX_BACKENDS)
+def test_suffix_source_drafts_the_repeated_continuation_with_frequency_estimates(backend):
     """A repetitive prompt: "1 2 3" occurs 4 times, the last at the end (continuing nowhere), followed
     by "4 5 0" twice and "4 6 0" once; the suffix tree drafts the repeated continuation, each node's
-    estimate its frequency along the path (4: 3/4, 4 5: 2/4, 4 5 0: 2/4), not a learnt rate."""
+    estimate its frequency along the path (4: 3/4, 4 5: 2/4, 4 5 0: 2/4), not a learnt rate; the
+    same from arctic-inference's trees. The next step's draft follows the tokens decided since."""
     d = FusedTokenRecycling(vocab_size=20, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, matrix=False,
                             retrieval="suffix", suffix_min_prob=0.0, suffix_factor=2.0, suffix_tokens=3,
-                            suffix_rates=False)
+                            suffix_rates=False, suffix_backend=backend)
     seq = torch.tensor([1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3])
     draft = d.propose(DecodeState(tokens=seq, prompt_len=len(seq) - 1, step=0))
     paths = drafted_paths(draft)
     assert paths == pytest.approx({(4,): 3 / 4, (4, 5): 2 / 4, (4, 5, 0): 2 / 4})
-    assert d.take_statistics()["retrieval_steps"] == 1
+    # "4 6" decided: "3 4 6" occurred once, followed by "0 1 2"
+    later = d.propose(DecodeState(tokens=torch.cat([seq, torch.tensor([4, 6])]), prompt_len=len(seq) - 1, step=1))
+    assert max(drafted_paths(later), key=len) == (0, 1, 2)
+    stats = d.take_statistics()
+    assert stats["retrieval_steps"] == 2 and stats["suffix_backend"] == backend
+
+
+def test_suffix_backend_is_checked_and_named_in_the_identity(monkeypatch):
+    with pytest.raises(ValueError, match="method.suffix_backend must be one of auto, arctic, python, got 'gpu'"):
+        FusedTokenRecycling.check_settings({"retrieval": "suffix", "suffix_backend": "gpu"}, TARGET)
+    monkeypatch.setattr(suffix_backends, "arctic_problem", lambda: "No module named 'arctic_inference'")
+    with pytest.raises(ValueError, match=r'method.suffix_backend=arctic needs arctic-inference.*pip install -e ".\[suffix\]"'):
+        FusedTokenRecycling.check_settings({"retrieval": "suffix", "suffix_backend": "arctic"}, TARGET)
+    assert FusedTokenRecycling.resource_identity({"retrieval": "suffix"}) == {"suffix_backend": "python"}
+    assert FusedTokenRecycling.resource_identity({"retrieval": "pld"}) == {}
 
 
 def test_suffix_cells_bin_each_node_given_its_parent_by_depth():

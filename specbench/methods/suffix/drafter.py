@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from importlib import metadata
 
-import numpy as np
 import torch
 
 from specbench.draft import DraftTree, DecodeState, Draft, StepOutcome
 from specbench.drafter import Drafter
 from specbench.errors import SettingsError
-from specbench.drafting.suffix_tree import Speculation, SuffixTrees
+from specbench.drafting import suffix_backends
+from specbench.drafting.suffix_backends import INSTALL, arctic_version, resolve_backend, suffix_trees
 from specbench.registry import register
-
-BACKENDS = ("auto", "arctic", "python")
-INSTALL = 'pip install -e ".[suffix]"'
 
 
 @dataclass
@@ -61,86 +57,6 @@ class SuffixSettings:
         resolve_backend(self.backend)
 
 
-def arctic_problem() -> str | None:
-    """Why arctic-inference's suffix trees cannot be imported here, or None when they can."""
-    try:
-        import arctic_inference.suffix_decoding  # noqa: F401
-    except ImportError as e:
-        return str(e)
-    return None
-
-
-def resolve_backend(backend: str) -> str:
-    """`arctic` or `python`: the trees this run drafts from."""
-    if backend not in BACKENDS:
-        raise SettingsError(f"method.backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend == "python":
-        return "python"
-    problem = arctic_problem()
-    if problem is None:
-        return "arctic"
-    if backend == "arctic":
-        raise SettingsError(f"method.backend=arctic needs arctic-inference, which does not import here "
-                            f"({problem}); install it with {INSTALL}, or use method.backend=python (ours)")
-    return "python"
-
-
-class ArcticTrees:
-    """SuffixTrees' four calls on arctic-inference's SuffixDecodingCache, through its public API.
-
-    `running_in_global` (vLLM's use): `full` is the cache vLLM keeps, each turn a request whose
-    prompt is the turn's prompt and whose output is added as generated (to its own tree and to the
-    global tree); its draft is the one returned. To say which tree won, `own` holds the same prompt
-    and output with the global tree off: the global tree won when `full` scores above `own` (the
-    request's own tree wins ties in the cache). Otherwise (the earlier protocol) `past` holds only
-    answered turns: each turn starts there as a request with an empty prompt (reserving its slot, as
-    in vLLM) and receives its answer when it ends."""
-
-    def __init__(self, max_depth: int, max_cached: int, max_tokens: int, factor: float, offset: float,
-                 min_prob: float, use_tree: bool, running_in_global: bool = True):
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
-
-        self.max_depth = max_depth
-        self.running = bool(running_in_global)
-        self.own = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=0)
-        self.past = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=max_cached) if max_cached else None
-        self.args = dict(max_spec_tokens=max_tokens, max_spec_factor=factor, max_spec_offset=offset,
-                         min_token_prob=min_prob, use_tree_spec=use_tree)
-        self.turn = 0
-
-    def start_turn(self, prompt) -> None:
-        self.turn += 1
-        self.own.start_request(self.turn, _int32(prompt))
-        if self.past is not None:
-            self.past.start_request(self.turn, _int32(prompt if self.running else []))
-
-    def extend(self, tokens) -> None:
-        self.own.add_active_response(self.turn, _int32(tokens))
-        if self.past is not None and self.running:
-            self.past.add_active_response(self.turn, _int32(tokens))
-
-    def end_turn(self, response) -> None:
-        self.own.stop_request(self.turn)
-        if self.past is not None:
-            if not self.running:
-                self.past.add_active_response(self.turn, _int32(response))
-            self.past.stop_request(self.turn)
-
-    def speculate(self, context) -> tuple[Speculation, str]:
-        context = _int32(context[-self.max_depth:])
-        own = self.own.speculate(self.turn, context, **self.args)
-        best, source = own, "request"
-        if self.past is not None:
-            past = self.past.speculate(self.turn, context, **self.args)
-            if past.score > own.score:  # the request's own wins ties, as in SuffixDecodingCache
-                best, source = past, "global"
-        return Speculation(list(best.token_ids), list(best.parents), list(best.probs), best.match_len), source
-
-
-def _int32(tokens) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(tokens, dtype=np.int32))
-
-
 STAT_KEYS = ("drafts_from_request", "drafts_from_global", "plain_steps", "drafted_tokens",
              "accepted_from_request", "accepted_from_global")
 
@@ -153,10 +69,11 @@ class SuffixDecoding(Drafter):
         super().__init__(target, settings, **values)
         self.backend = resolve_backend(self.settings.backend)
         if self.backend == "arctic":
-            print(f"suffix: drafting from arctic-inference {metadata.version('arctic-inference')}'s suffix trees",
+            print(f"suffix: drafting from arctic-inference {arctic_version()}'s suffix trees",
                   file=sys.stderr)
         elif self.settings.backend == "auto":
-            print(f"warning: suffix: arctic-inference does not import here ({arctic_problem()}); drafting from "
+            problem = suffix_backends.arctic_problem()
+            print(f"warning: suffix: arctic-inference does not import here ({problem}); drafting from "
                   f"specbench's own suffix trees, same settings ({INSTALL} for arctic's)", file=sys.stderr)
         self.reset()
 
@@ -174,9 +91,8 @@ class SuffixDecoding(Drafter):
 
     def _new_trees(self):
         s = self.settings
-        kind = ArcticTrees if self.backend == "arctic" else SuffixTrees
         # a draft is bounded by the tree depth only, as vLLM's num_speculative_tokens defaults to it
-        return kind(s.max_tree_depth, s.max_cached_requests, s.max_tree_depth, s.max_spec_factor,
+        return suffix_trees(self.backend, s.max_tree_depth, s.max_cached_requests, s.max_tree_depth, s.max_spec_factor,
                     s.max_spec_offset, s.min_token_prob, s.use_tree, s.running_in_global)
 
     def start_question(self) -> None:

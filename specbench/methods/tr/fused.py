@@ -14,6 +14,7 @@ options and measurements: docs/token-recycling.md, "Token Recycling fused with r
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from collections import deque
 
@@ -25,7 +26,8 @@ from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
 from specbench.speculation.goodput import RateTable, subtree_parents
 from specbench.drafting.ngram import check_ngram, find_match
-from specbench.drafting.suffix_tree import SuffixTrees
+from specbench.drafting import suffix_backends
+from specbench.drafting.suffix_backends import INSTALL, arctic_version, resolve_backend, suffix_trees
 from specbench.drafting.recycling import Recycling
 from specbench.methods.tr.adaptive import AdaptiveTRSettings, GoodputSubtree
 from specbench.methods.tr.base import TokenRecycling
@@ -124,6 +126,9 @@ class FusedTRSettings(AdaptiveTRSettings):
     # suffix: each node's acceptance learnt per (frequency estimate given its parent, depth), as the
     # matrix's confidences are, instead of the frequency estimate itself (results/archive/cpu-leaders-suffix-rates)
     suffix_rates: bool = False
+    # suffix: whose trees (as Suffix Decoding's method.backend): arctic-inference's, ours (python), or
+    # auto, arctic's where it imports; the same drafts but at equally frequent continuations
+    suffix_backend: str = "auto"
     max_nodes: int = 80  # node budget of the merged tree per step
     # a node both sources draft is counted apart from the nodes only one drafts, in the matrix's cells
     # and the chain's (false: one rate per cell whatever the other source drafted)
@@ -146,6 +151,8 @@ class FusedTRSettings(AdaptiveTRSettings):
         if self.suffix_depth < 2 or self.suffix_tokens < 1:
             raise SettingsError(f"method.suffix_depth must be at least 2 and method.suffix_tokens at least 1, "
                                 f"got {self.suffix_depth} and {self.suffix_tokens}")
+        if retrieval == "suffix":
+            resolve_backend(self.suffix_backend, "method.suffix_backend")
         if self.suffix_factor <= 0 or not 0 <= self.suffix_min_prob <= 1:
             raise SettingsError(f"method.suffix_factor must be above 0 and method.suffix_min_prob in [0, 1], "
                                 f"got {self.suffix_factor} and {self.suffix_min_prob}")
@@ -165,6 +172,15 @@ class FusedChoice:
         self.agreement_classes = 2 if settings.agreement else 1
         extra = {"suffix": settings.suffix_tokens, "pld": settings.num_pred_tokens}.get(self.retrieval, 0)
         self.template = GoodputSubtree(settings, target, source, self.agreement_classes, extra)
+        self.suffix_backend = None
+        if self.retrieval == "suffix":
+            self.suffix_backend = resolve_backend(settings.suffix_backend, "method.suffix_backend")
+            if self.suffix_backend == "arctic":
+                print(f"tr_fused: retrieving from arctic-inference {arctic_version()}'s suffix trees", file=sys.stderr)
+            elif settings.suffix_backend == "auto":
+                problem = suffix_backends.arctic_problem()
+                print(f"warning: tr_fused: arctic-inference does not import here ({problem}); retrieving from "
+                      f"specbench's own suffix trees, same settings ({INSTALL} for arctic's)", file=sys.stderr)
         self.reset()
 
     check_files = staticmethod(GoodputSubtree.check_files)
@@ -186,8 +202,9 @@ class FusedChoice:
         self._accepted_from = [0, 0, 0]  # matrix only, retrieval only, both
         self._retrieval_steps = 0
         self._global_drafts = 0  # suffix_global: steps whose retrieved tree came from the global tree
-        self._suffix = SuffixTrees(s.suffix_depth, SUFFIX_CACHED if s.suffix_global else 0, s.suffix_tokens,
-                                   float(s.suffix_factor), 0.0, float(s.suffix_min_prob), bool(s.suffix_tree))
+        self._suffix = suffix_trees(self.suffix_backend or "python", s.suffix_depth,
+                                    SUFFIX_CACHED if s.suffix_global else 0, s.suffix_tokens,
+                                    float(s.suffix_factor), 0.0, float(s.suffix_min_prob), bool(s.suffix_tree))
         self._suffix_len: int | None = None  # tokens of the running turn in the suffix tree (None: no turn)
         self._suffix_prompt = 0
         # prior: the frequency estimate itself (the bin's middle), worth a few trials
@@ -372,8 +389,10 @@ class FusedChoice:
         out = dict(accepted_from_matrix=self._accepted_from[0], accepted_from_retrieval=self._accepted_from[1],
                    accepted_from_both=self._accepted_from[2], retrieval_steps=self._retrieval_steps,
                    retrieval_source=self.retrieval)
-        if self.retrieval == "suffix" and self.settings.suffix_global:
-            out["retrieval_from_global"] = self._global_drafts
+        if self.retrieval == "suffix":
+            out["suffix_backend"] = self.suffix_backend
+            if self.settings.suffix_global:
+                out["retrieval_from_global"] = self._global_drafts
         self._accepted_from = [0, 0, 0]
         self._retrieval_steps = self._global_drafts = 0
         return out
@@ -385,3 +404,10 @@ class FusedTokenRecycling(TokenRecycling):
 
     Settings = FusedTRSettings
     Chooser = FusedChoice
+
+    @classmethod
+    def resource_identity(cls, params: dict) -> dict:
+        """Whose suffix trees retrieved (retrieval=suffix): the answers are the same, the drafts may differ at ties."""
+        if retrieval_source(params.get("retrieval", FusedTRSettings.retrieval)) != "suffix":
+            return {}
+        return {"suffix_backend": resolve_backend(params.get("suffix_backend", "auto"), "method.suffix_backend")}
