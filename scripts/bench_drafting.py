@@ -3,6 +3,7 @@
     python scripts/bench_drafting.py [--methods tr_fused,pld,suffix] [--temperatures 0,0.7] [--tokens 128]
     python scripts/bench_drafting.py --methods suffix tr_fused:retrieval=suffix
     python scripts/bench_drafting.py --lookup --context 2048 [--sweep]
+    python scripts/bench_drafting.py --suffix-trees --context 1600
 
 The default replays real decoding: the embedded SmolLM2-135M decodes Spec-Bench's first question of
 each subtask (the test sample, or SPECBENCH_QUESTIONS) with each method, as a run does (the engine,
@@ -16,6 +17,11 @@ inputs (tokens, the verified rows' logits) are the same either way.
 
 `--lookup` times `propose` alone at a fixed context of real text (PLD's n-gram search over the whole
 context, REST's suffix-array lookup and trie) and, with --sweep, how it grows with the context.
+
+`--suffix-trees` times the suffix trees alone, ours against arctic-inference's where it imports
+(drafting/suffix_backends.py): a turn of real text (the questions' tokens, the first half its prompt)
+replayed token by token, each step a draft (`speculate`) and the decided token appended (`extend`),
+with Suffix Decoding's path settings (vLLM's) and the tree `tr_fused retrieval=suffix` asks for.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specbench.decoding.engine import Engine
@@ -153,14 +160,55 @@ def median_ms(fn, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def lookup(args) -> dict:
-    """`propose` alone of PLD and REST at fixed contexts of real text."""
-    model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
+def real_text(args, tok) -> list[int]:
+    """At least --context tokens of the questions' text, end to end (repeated when short)."""
     qs = load_jsonl_questions(args.questions) if args.questions else list(MINI)
     ids: list[int] = []
     while len(ids) < args.context:
         for q in qs:
             ids += tok(" ".join(q.turns)).input_ids
+    return ids
+
+
+# (max_depth, max_cached, max_tokens, factor, offset, min_prob, use_tree) as suffix_trees takes them
+SUFFIX_TREE_SETTINGS = {"path (suffix, vLLM's)": (24, 0, 24, 1.0, 0.0, 0.1, False),
+                        "tree (tr_fused retrieval=suffix)": (24, 0, 16, 4.0, 0.0, 0.1, True)}
+
+
+def suffix_tree_times(args) -> dict:
+    """ms per step of the suffix trees alone, each backend that imports here, twice each in the order
+    python, arctic, arctic, python (the machine's drift then lands on both)."""
+    from specbench.drafting.suffix_backends import arctic_problem, suffix_trees
+
+    _, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
+    ids = real_text(args, tok)[: args.context]
+    prompt, answer = ids[: len(ids) // 2], ids[len(ids) // 2 :]
+    backends = ["python", "arctic", "arctic", "python"] if arctic_problem() is None else ["python", "python"]
+    times: dict = {}
+    for backend in backends:
+        for name, settings in SUFFIX_TREE_SETTINGS.items():
+            trees, context = suffix_trees(backend, *settings), list(prompt)
+            trees.start_turn(np.array(prompt))
+            t0 = time.perf_counter()
+            for token in answer:
+                trees.speculate(np.array(context[-settings[0]:]))
+                trees.extend(np.array([token]))
+                context.append(token)
+            per_step = 1e3 * (time.perf_counter() - t0) / len(answer)
+            times.setdefault(name, {}).setdefault(backend, []).append(per_step)
+    missing = "" if arctic_problem() is None else f"; arctic-inference: {arctic_problem()}"
+    print(f"suffix trees alone, ms per step (speculate + extend), a turn of {len(prompt)} prompt and "
+          f"{len(answer)} answer tokens{missing}")
+    for name, row in times.items():
+        print(f"{name}: " + ", ".join(f"{b} {statistics.mean(v):.3f} ms ({', '.join(f'{x:.3f}' for x in v)})"
+                                       for b, v in row.items()))
+    return {"context": len(ids), "ms_per_step": times}
+
+
+def lookup(args) -> dict:
+    """`propose` alone of PLD and REST at fixed contexts of real text."""
+    model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
+    ids = real_text(args, tok)
     vocab = model.get_output_embeddings().weight.shape[0]
     drafters = {name: build_drafter(name, vocab_size=vocab, device="cpu", model=model,
                                     model_name="smollm2-135m", dtype_name="float32")
@@ -190,13 +238,14 @@ def main(argv=None) -> int:
                     help="also profile the drafter's calls and print the N functions with the most own time "
                          "(the timings then include the profiler's overhead)")
     ap.add_argument("--lookup", action="store_true", help="time propose alone at a fixed context (PLD, REST)")
-    ap.add_argument("--context", type=int, default=2048, help="--lookup: the context length")
+    ap.add_argument("--suffix-trees", action="store_true", help="time the suffix trees alone, ours and arctic's")
+    ap.add_argument("--context", type=int, default=2048, help="--lookup: the context length; --suffix-trees: the turn's")
     ap.add_argument("--repeats", type=int, default=200, help="--lookup: calls per figure")
     ap.add_argument("--sweep", action="store_true", help="--lookup: also 256, 512, 1024, ... up to --context")
     ap.add_argument("--out", default=None, help="the figures as JSON")
     args = ap.parse_args(argv)
     args.methods = [m for spec in args.methods for m in ([spec] if ":" in spec else spec.split(","))]
-    res = lookup(args) if args.lookup else replay_all(args)
+    res = lookup(args) if args.lookup else suffix_tree_times(args) if args.suffix_trees else replay_all(args)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     return 0
