@@ -50,6 +50,17 @@ def resolve_backend(backend: str, setting: str = "method.backend") -> str:
     return "python"
 
 
+def backend_line(who: str, asked: str, resolved: str) -> str | None:
+    """The one line a drafter prints about its trees: which arctic-inference drafts, or the warning that
+    `auto` fell back to ours; None when ours were asked for."""
+    if resolved == "arctic":
+        return f"{who}: drafting from arctic-inference {arctic_version()}'s suffix trees"
+    if asked == "auto":
+        return (f"warning: {who}: arctic-inference does not import here ({arctic_problem()}); drafting from "
+                f"specbench's own suffix trees, same settings ({INSTALL} for arctic's)")
+    return None
+
+
 def suffix_trees(backend: str, max_depth: int, max_cached: int, max_tokens: int, factor: float, offset: float,
                  min_prob: float, use_tree: bool, running_in_global: bool = True):
     """The request's and the global tree on `backend` (resolved: `arctic` or `python`)."""

@@ -20,8 +20,7 @@ import torch
 from specbench.draft import DraftTree, DecodeState, Draft, StepOutcome
 from specbench.drafter import Drafter
 from specbench.errors import SettingsError
-from specbench.drafting import suffix_backends
-from specbench.drafting.suffix_backends import INSTALL, arctic_version, resolve_backend, suffix_trees
+from specbench.drafting.suffix_backends import backend_line, resolve_backend, suffix_trees
 from specbench.registry import register
 
 
@@ -68,13 +67,9 @@ class SuffixDecoding(Drafter):
     def __init__(self, target=None, settings: SuffixSettings | None = None, **values):
         super().__init__(target, settings, **values)
         self.backend = resolve_backend(self.settings.backend)
-        if self.backend == "arctic":
-            print(f"suffix: drafting from arctic-inference {arctic_version()}'s suffix trees",
-                  file=sys.stderr)
-        elif self.settings.backend == "auto":
-            problem = suffix_backends.arctic_problem()
-            print(f"warning: suffix: arctic-inference does not import here ({problem}); drafting from "
-                  f"specbench's own suffix trees, same settings ({INSTALL} for arctic's)", file=sys.stderr)
+        line = backend_line("suffix", self.settings.backend, self.backend)
+        if line:
+            print(line, file=sys.stderr)
         self.reset()
 
     @classmethod
@@ -92,8 +87,8 @@ class SuffixDecoding(Drafter):
     def _new_trees(self):
         s = self.settings
         # a draft is bounded by the tree depth only, as vLLM's num_speculative_tokens defaults to it
-        return suffix_trees(self.backend, s.max_tree_depth, s.max_cached_requests, s.max_tree_depth, s.max_spec_factor,
-                    s.max_spec_offset, s.min_token_prob, s.use_tree, s.running_in_global)
+        return suffix_trees(self.backend, s.max_tree_depth, s.max_cached_requests, s.max_tree_depth,
+                            s.max_spec_factor, s.max_spec_offset, s.min_token_prob, s.use_tree, s.running_in_global)
 
     def start_question(self) -> None:
         self._end_turn()

@@ -26,8 +26,7 @@ from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
 from specbench.speculation.goodput import RateTable, subtree_parents
 from specbench.drafting.ngram import check_ngram, find_match
-from specbench.drafting import suffix_backends
-from specbench.drafting.suffix_backends import INSTALL, arctic_version, resolve_backend, suffix_trees
+from specbench.drafting.suffix_backends import backend_line, resolve_backend, suffix_trees
 from specbench.drafting.recycling import Recycling
 from specbench.methods.tr.adaptive import AdaptiveTRSettings, GoodputSubtree
 from specbench.methods.tr.base import TokenRecycling
@@ -175,12 +174,9 @@ class FusedChoice:
         self.suffix_backend = None
         if self.retrieval == "suffix":
             self.suffix_backend = resolve_backend(settings.suffix_backend, "method.suffix_backend")
-            if self.suffix_backend == "arctic":
-                print(f"tr_fused: retrieving from arctic-inference {arctic_version()}'s suffix trees", file=sys.stderr)
-            elif settings.suffix_backend == "auto":
-                problem = suffix_backends.arctic_problem()
-                print(f"warning: tr_fused: arctic-inference does not import here ({problem}); retrieving from "
-                      f"specbench's own suffix trees, same settings ({INSTALL} for arctic's)", file=sys.stderr)
+            line = backend_line("tr_fused", settings.suffix_backend, self.suffix_backend)
+            if line:
+                print(line, file=sys.stderr)
         self.reset()
 
     check_files = staticmethod(GoodputSubtree.check_files)
