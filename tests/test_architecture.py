@@ -261,4 +261,24 @@ def test_results_hold_what_is_current_in_at_most_600_files():
     tracked = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True, check=True)
     files = tracked.stdout.splitlines()
     assert 0 < len(files) <= 600, f"{len(files)} tracked files under results/: archive a sweep's run folders " \
-                                  "(runs.tar.gz) or let a superseded one leave main"
+                                  "(runs.tar.gz, runs.tar.xz) or let a superseded one leave main"
+
+
+def test_the_checkout_leaves_room_for_the_weights_in_three_calls():
+    """Every call to a GPU node carries the whole checkout (64 MiB in all): a checkout that grows past ~30 MiB
+    pushes the embedded model's GGUF into a fourth call, which the rehearsal in CI refuses (results/README.md)."""
+    import shutil
+
+    import pytest
+
+    from specbench.inputs.models import named_model_config
+    from specbench.tools.gpu_node.limits import MAX_CALLS
+    from specbench.tools.gpu_node.pack import plan_calls, tree_bytes
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    weights = named_model_config("smollm2-135m")["gguf"]["size"]
+    fixed = 2 << 20  # the first call's wheels and Spec-Bench's questions (1.2 MiB on 2026-11-29), with room
+    calls = plan_calls(tree_bytes(ROOT), fixed, weights)
+    assert len(calls) <= MAX_CALLS, (f"the checkout is {tree_bytes(ROOT) / 2**20:.1f} MiB: the weights take {len(calls)} "
+                                     f"calls, more than {MAX_CALLS}; archive run folders (results/README.md)")
