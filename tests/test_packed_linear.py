@@ -65,3 +65,19 @@ def test_wrong_inputs_are_refused():
         packed(torch.randn(2, 9))
     with pytest.raises(RuntimeError, match="float32"):
         packed(torch.randn(2, 8, dtype=torch.float64))
+
+
+def test_a_killed_build_s_lock_is_removed_and_a_live_one_kept(tmp_path):
+    """torch waits forever on the lock a killed build leaves: one older than any build goes, a fresh one stays."""
+    import os
+    import time
+
+    from specbench.decoding.packed_linear import clear_stale_baton
+
+    baton = tmp_path / "lock"
+    baton.touch()
+    assert not clear_stale_baton(str(tmp_path), stale_after=600) and baton.exists()  # a build under way
+    old = time.time() - 3600
+    os.utime(baton, (old, old))
+    assert clear_stale_baton(str(tmp_path), stale_after=600) and not baton.exists()
+    assert not clear_stale_baton(str(tmp_path))  # nothing left to remove

@@ -35,6 +35,8 @@ def available() -> bool:
 # Extra compiler flags for the kernel, for a user's toolchain (and for the test that makes the build fail
 # on purpose: -DSPECBENCH_BREAK_BUILD)
 EXTRA_CFLAGS_ENV = "SPECBENCH_KERNEL_CFLAGS"
+NAME = "specbench_packed_linear"
+STALE_BATON_SECONDS = 600  # a build takes seconds to a minute; a lock this old was left by a killed one
 
 
 class KernelBuildError(RuntimeError):
@@ -81,11 +83,31 @@ def load_kernel() -> float:
     return time.perf_counter() - t0
 
 
+def clear_stale_baton(build_dir: str, stale_after: float = STALE_BATON_SECONDS) -> bool:
+    """Remove the build lock a killed build left behind (torch's FileBaton waits for it forever, so every
+    later run would hang before its first forward); a younger lock is another process building now.
+    Returns whether one was removed."""
+    baton = os.path.join(build_dir, "lock")
+    try:
+        if time.time() - os.path.getmtime(baton) < stale_after:
+            return False
+        os.remove(baton)
+    except OSError:  # no lock, or another process removed it first
+        return False
+    print(f"note: removed a stale build lock of the packed kernel ({baton}), left by an interrupted build")
+    return True
+
+
 def _build() -> None:
+    from torch.utils import cpp_extension
     from torch.utils.cpp_extension import load
 
+    try:  # where torch builds it (a private helper: if it moves, the lock is simply not checked)
+        clear_stale_baton(cpp_extension._get_build_directory(NAME, False))
+    except Exception:
+        pass
     extra = os.environ.get(EXTRA_CFLAGS_ENV, "").split()
-    load(name="specbench_packed_linear", sources=[SOURCE], is_python_module=False,
+    load(name=NAME, sources=[SOURCE], is_python_module=False,
          extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *extra], extra_ldflags=["-fopenmp"])
 
     @torch.library.register_fake("specbench::packed_linear")
