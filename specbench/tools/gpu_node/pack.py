@@ -141,6 +141,9 @@ def pack(out: Path, model: str, questions: Path | None, limit: int = CALL_LIMIT)
     whole = sha256_file(gguf)
     if cfg["gguf"].get("sha256") and cfg["gguf"]["sha256"] != whole:
         raise SystemExit(f"error: {gguf} does not match the sha256 in conf/model/{model}.yaml")
+    if cfg["gguf"].get("size") not in (None, gguf.stat().st_size):  # the size the checkout's test plans with
+        raise SystemExit(f"error: {gguf} is {gguf.stat().st_size} bytes, not the size in conf/model/{model}.yaml: "
+                         f"set it there")
     extra = [f for f in ([questions, questions.with_name("LICENSE"), questions.with_name("NOTICE.md")]
                          if questions else []) if f.is_file()]
     fixed = sum(f.stat().st_size for f in wheels + extra) + 8192
