@@ -2,6 +2,7 @@
 
     python scripts/bench_drafting.py [--methods tr_fused,pld,suffix] [--temperatures 0,0.7] [--tokens 128]
     python scripts/bench_drafting.py --methods suffix tr_fused:retrieval=suffix
+    python scripts/bench_drafting.py --methods tr_fused,tr --row-summary kernel,torch
     python scripts/bench_drafting.py --lookup --context 2048 [--sweep]
     python scripts/bench_drafting.py --suffix-trees --context 1600
 
@@ -29,7 +30,9 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import json
+import os
 import pstats
 import statistics
 import sys
@@ -40,6 +43,7 @@ import numpy as np
 import torch
 
 from specbench.decoding.engine import Engine
+from specbench.drafting import row_summary
 from specbench.decoding.sampling import PositionSampler
 from specbench.draft import DecodeState
 from specbench.drafter import Target
@@ -130,22 +134,30 @@ def replay_all(args) -> list[dict]:
     picked = select_per_subtask(load_jsonl_questions(path), 1)
     questions = [(q.question_id, prompt_ids(tok, [{"role": "user", "content": q.turns[0]}])) for q in picked]
     rows = []
-    print("| method | T | steps | MAT | propose ms/step | of which noise rows | observe ms/step | total ms/step "
-          "| total less noise rows | median total ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| method | T | row summary | steps | MAT | propose ms/step | of which noise rows | observe ms/step "
+          "| total ms/step | total less noise rows | median total ms |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     profiles = []
-    for temperature in args.temperatures:
-        for method in args.methods:
-            profiler = cProfile.Profile() if args.profile else None
-            r = replay(method, temperature, model, engine, curve, questions, args.tokens, profiler)
-            rows.append(r)
-            print(f"| {method} | {temperature:g} | {r['steps']} | {r['mat']:.2f} | {r['propose_ms']:.3f} | "
-                  f"{r['noise_ms']:.3f} | {r['observe_ms']:.3f} | {r['total_ms']:.3f} | "
-                  f"{r['total_ms'] - r['noise_ms']:.3f} | {r['median_ms']:.3f} |", flush=True)
-            if profiler is not None:
-                out = io.StringIO()
-                pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile)
-                profiles.append(f"## {method} T={temperature:g}: the drafter's calls by own time\n{out.getvalue()}")
+    for temperature, method, summary in itertools.product(args.temperatures, args.methods, args.row_summary):
+        if summary == "torch":
+            os.environ[row_summary.ENV] = "torch"
+        else:
+            os.environ.pop(row_summary.ENV, None)
+        row_summary.kernel_ready.cache_clear()
+        if summary == "kernel" and not row_summary.kernel_ready():
+            raise SystemExit("error: --row-summary kernel, but the kernel does not build here (see the warning above)")
+        profiler = cProfile.Profile() if args.profile else None
+        r = replay(method, temperature, model, engine, curve, questions, args.tokens, profiler)
+        r["row_summary"] = summary
+        rows.append(r)
+        print(f"| {method} | {temperature:g} | {summary} | {r['steps']} | {r['mat']:.2f} | {r['propose_ms']:.3f} | "
+              f"{r['noise_ms']:.3f} | {r['observe_ms']:.3f} | {r['total_ms']:.3f} | "
+              f"{r['total_ms'] - r['noise_ms']:.3f} | {r['median_ms']:.3f} |", flush=True)
+        if profiler is not None:
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile)
+            profiles.append(f"## {method} T={temperature:g} ({summary}): the drafter's calls by own time\n"
+                            f"{out.getvalue()}")
     print("\n".join(profiles))
     return rows
 
@@ -232,6 +244,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per question")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the done-when's: one)")
     ap.add_argument("--cost-curve", default=None, help="a run's cost_curve.json (default: the quick curve, measured)")
+    ap.add_argument("--row-summary", default=["kernel"], type=lambda s: s.split(","),
+                    help="kernel, torch or both (kernel,torch): TR's row summary on our kernel or on torch's ops, "
+                         "side by side in one process (drafting/row_summary.py)")
     ap.add_argument("--compiled", action="store_true", help="the compiled forward (default: eager)")
     ap.add_argument("--questions", default=None, help="question.jsonl (default: the tests' Spec-Bench sample)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",

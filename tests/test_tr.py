@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-from specbench.drafting.recycling import top_k_rows
 from specbench.methods.tr.base import TokenRecycling
 from specbench.draft import DecodeState, StepOutcome
 from specbench.drafter import reads_prompt_logits
@@ -214,22 +213,3 @@ def test_a_batched_step_teaches_the_shared_matrix_what_the_requests_would_in_tur
         assert sa == sb and sa["steps"] == 6
 
 
-@pytest.mark.parametrize("rows,vocab", [(1, 49152), (6, 49152), (81, 49152), (3, 32000), (2, 50257), (4, 256)])
-def test_top_k_rows_is_torchs_topk(rows, vocab):
-    """The blockwise top-k gives torch's values and indices (no ties in random floats); a vocabulary
-    that is not a multiple of the block, or too small for k blocks, takes torch's own."""
-    g = torch.Generator().manual_seed(rows * vocab)
-    x = torch.randn(rows, vocab, generator=g) * 4
-    x[0, -1] = 50.0  # a winner in the last block
-    ours, ref = top_k_rows(x, 8), x.topk(8, dim=-1)
-    assert torch.equal(ours.values, ref.values) and torch.equal(ours.indices, ref.indices)
-
-
-def test_top_k_rows_in_bfloat16_keeps_the_top_values_among_ties():
-    """Half-precision logits tie often: the values are torch's, and each index holds its value."""
-    g = torch.Generator().manual_seed(1)
-    x = (torch.randn(5, 49152, generator=g) * 3).to(torch.bfloat16)
-    ours, ref = top_k_rows(x, 8), x.topk(8, dim=-1)
-    assert torch.equal(ours.values, ref.values)
-    assert torch.equal(x.gather(1, ours.indices), ours.values)
-    assert all(len(set(r)) == 8 for r in ours.indices.tolist())

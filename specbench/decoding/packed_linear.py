@@ -6,7 +6,9 @@ in order, so a verification row equals a one-row step bit for bit in these produ
 first use by `torch.utils.cpp_extension` and cached by torch (`TORCH_EXTENSIONS_DIR`); it needs
 x86-64 with AVX2 and FMA. `available()` and `build_problem()` say whether it runs and builds here;
 where not, the compiled forward uses inductor's products (decoding/forward_choice.py): the kernel is
-a speed-up, never a requirement. Why it was written: docs/compiled-forward.md.
+a speed-up, never a requirement. Why it was written: docs/compiled-forward.md. The same extension
+carries our other CPU kernel, `row_summary.cpp` (Token Recycling's top k and normaliser of each
+verified row, drafting/row_summary.py), so a machine builds one extension, once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import nn
 
 PANEL = 6  # output columns per panel, as in packed_linear.cpp
 SOURCE = os.path.join(os.path.dirname(__file__), "packed_linear.cpp")
+SOURCES = [SOURCE, os.path.join(os.path.dirname(__file__), "row_summary.cpp")]
 
 
 def available() -> bool:
@@ -35,7 +38,7 @@ def available() -> bool:
 # Extra compiler flags for the kernel, for a user's toolchain (and for the test that makes the build fail
 # on purpose: -DSPECBENCH_BREAK_BUILD)
 EXTRA_CFLAGS_ENV = "SPECBENCH_KERNEL_CFLAGS"
-NAME = "specbench_packed_linear"
+NAME = "specbench_cpu_kernels"
 STALE_BATON_SECONDS = 600  # a build takes seconds to a minute; a lock this old was left by a killed one
 
 
@@ -107,12 +110,18 @@ def _build() -> None:
     except Exception:
         pass
     extra = os.environ.get(EXTRA_CFLAGS_ENV, "").split()
-    load(name=NAME, sources=[SOURCE], is_python_module=False,
+    load(name=NAME, sources=SOURCES, is_python_module=False,
          extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *extra], extra_ldflags=["-fopenmp"])
 
     @torch.library.register_fake("specbench::packed_linear")
     def _shape(x, w, n, bias):
         return x.new_empty((*x.shape[:-1], n))
+
+    @torch.library.register_fake("specbench::row_summary")
+    def _summary_shape(logits, k, normaliser):
+        rows = logits.shape[0]
+        return (logits.new_empty((rows, k)), logits.new_empty((rows, k), dtype=torch.long),
+                logits.new_empty((rows if normaliser else 0,)))
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

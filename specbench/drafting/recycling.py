@@ -16,7 +16,6 @@ root 4 drafts 7 and 8 below it, and 1 below 7.
 from __future__ import annotations
 
 import json
-from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import torch
 from specbench.decoding.transfers import on_host, to_device
 from specbench.draft import DraftTree, StepOutcome
 from specbench.drafting.recycling_statistics import RecyclingStatistics
+from specbench.drafting.row_summary import kernel_ready, probabilities, row_summary
 from specbench.errors import MissingFileError, SettingsError
 
 # The published template "2.2.2": child counts per node, depth by depth, breadth-first.
@@ -104,28 +104,6 @@ class RecyclingSettings:
     def __post_init__(self):
         template_tree(self.tree, self.k)  # a tree that cannot be read or built, a k it does not fit
         check_update(self.update)
-
-
-TopK = namedtuple("TopK", "values indices")
-
-
-def top_k_rows(logits: torch.Tensor, k: int, block: int = 64) -> TopK:
-    """`logits.topk(k, dim=-1)` of a 2-D tensor: the same values and, but for exact ties, the same
-    indices, several times faster on a CPU, where torch's topk over a large vocabulary is the largest
-    cost of TR's steps outside the forward (docs/token-recycling.md). Each row's top k lie in the
-    k blocks with the largest maxima: were an element of the top k outside them, those k maxima
-    would all be at least as large. So: block maxima, their top k, then the top k of those blocks'
-    elements. Static shapes throughout; other devices, or a vocabulary not a multiple of `block`,
-    take torch's topk."""
-    rows, vocab = logits.shape
-    if logits.device.type != "cpu" or vocab % block or vocab // block < k:
-        return TopK(*logits.topk(k, dim=-1))
-    blocks = logits.reshape(rows, vocab // block, block)  # a view when the rows are contiguous
-    chosen = blocks.amax(dim=-1).topk(k, dim=-1).indices  # (rows, k) block numbers
-    cand = blocks.gather(1, chosen[..., None].expand(rows, k, block)).reshape(rows, k * block)
-    best = cand.topk(k, dim=-1)
-    where = chosen.gather(1, best.indices // block) * block + best.indices % block
-    return TopK(best.values, where)
 
 
 def last_occurrence(tokens: torch.Tensor) -> torch.Tensor:
@@ -220,6 +198,8 @@ class Recycling:
         self.temperature: float | None = None  # `couple`: the coupling tables kept for this temperature
         self.tables: tuple[np.ndarray, np.ndarray] | None = None
         self.statistics = RecyclingStatistics(self.template, self.device)
+        if on_host(self.device):
+            kernel_ready()  # the row summary's kernel built now, before anything is timed
 
     def clear(self) -> None:
         """An empty matrix (in place: drafters sharing it see it emptied too)."""
@@ -320,16 +300,14 @@ class Recycling:
     def write_rows(self, tokens: torch.Tensor, logits: torch.Tensor, duplicates: bool = True) -> None:
         """`write` in tensor operations, as on an accelerator: duplicates resolved by `last_occurrence`
         (index_put_ leaves their order to the device)."""
-        top = top_k_rows(logits, self.k)
+        top = row_summary(logits, self.k, normaliser=self.probs is not None)
         last = last_occurrence(tokens) if duplicates else torch.arange(tokens.numel(), device=tokens.device)
         self.matrix[tokens] = top.indices[last].to(device=self.device, dtype=torch.int32)
         # a device value: `= True` copies a host scalar in and stalls the host (sync_audit.py)
         self.written[tokens] = torch.ones_like(tokens, dtype=torch.bool)
         if self.probs is not None:
-            # softmax at the candidates only: exp(logit - logsumexp), one pass over the row and no
-            # vocabulary-wide output
-            probs = (top.values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)).exp()
-            self.probs[tokens] = probs[last].to(self.device)
+            # softmax at the candidates only, no vocabulary-wide output
+            self.probs[tokens] = probabilities(top)[last].to(self.device)
 
     def _write_host(self, tokens: list[int], logits: torch.Tensor) -> None:
         """`write` on the CPU: the rows written through numpy views, a handful of tensor calls a step
@@ -338,14 +316,13 @@ class Recycling:
         tensor cost more than the top-k itself, 2.3 ms a step for TR's 81 rows on SmolLM2)."""
         last = {t: i for i, t in enumerate(tokens)}
         keep = list(last.values()) if len(last) < len(tokens) else None
-        top = top_k_rows(logits, self.k)
+        top = row_summary(logits, self.k, normaliser=self.probs is not None)
         indices = top.indices if keep is None else top.indices[keep]
         tokens = tokens if keep is None else list(last)
         self.matrix.numpy()[tokens] = indices.numpy()
         self.written.numpy()[tokens] = True
         if self.probs is not None:
-            # the candidates' probabilities from one fused pass (log_softmax: about half of logsumexp's time)
-            probs = torch.log_softmax(logits.float(), dim=-1).gather(1, top.indices).exp()
+            probs = probabilities(top)
             probs = (probs if keep is None else probs[keep]).numpy()
             self.probs.numpy()[tokens] = probs
             if self.tables is not None:

@@ -1,0 +1,140 @@
+"""TR's row summary (drafting/row_summary.py): the top k of each verified row and its log-normaliser,
+on our kernel and on torch's ops."""
+
+import pytest
+import torch
+
+from specbench.drafting import row_summary as rs
+from specbench.drafting.recycling import Recycling, RecyclingSettings
+from specbench.drafting.row_summary import probabilities, row_summary, top_k_rows
+
+
+@pytest.fixture
+def torch_ops(monkeypatch):
+    """The torch path, as on a machine without the kernel."""
+    monkeypatch.setenv(rs.ENV, "torch")
+    rs.kernel_ready.cache_clear()
+    yield
+    monkeypatch.delenv(rs.ENV)
+    rs.kernel_ready.cache_clear()
+
+
+def reference(x: torch.Tensor, k: int):
+    ref = x.topk(k, dim=-1)
+    lse = torch.logsumexp(x.double(), dim=-1, keepdim=True)
+    return ref, (ref.values.double() - lse).exp()
+
+
+@pytest.mark.parametrize("rows,vocab,k", [(1, 49152, 8), (7, 49152, 8), (3, 50257, 8), (2, 1000, 5), (4, 97, 8),
+                                          (2, 40, 8), (1, 8, 8), (1, 64, 64)])
+def test_the_kernel_gives_torchs_top_k_and_softmax(packed_kernel, rows, vocab, k):
+    """Values and indices are torch's topk's (no ties in random floats), whatever the vocabulary's size
+    against the kernel's blocks of 64 (a short last block, fewer blocks than k, one block); the
+    probabilities are the softmax's within float32 rounding."""
+    assert rs.kernel_ready()
+    g = torch.Generator().manual_seed(rows * vocab + k)
+    x = torch.randn(rows, vocab, generator=g) * 4
+    x[0, -1] = 50.0  # a winner in the last (possibly short) block
+    ours = row_summary(x, k)
+    ref, p = reference(x, k)
+    assert ours.values.dtype == torch.float32 and ours.indices.dtype == torch.long
+    assert torch.equal(ours.values, ref.values) and torch.equal(ours.indices, ref.indices)
+    assert ours.log_norm.shape == (rows, 1)
+    torch.testing.assert_close(probabilities(ours).double(), p, rtol=2e-6, atol=1e-12)
+    bare = row_summary(x, k, normaliser=False)
+    assert bare.log_norm is None and torch.equal(bare.indices, ours.indices)
+
+
+def test_the_kernel_breaks_ties_by_the_lower_index_and_ignores_masked_tokens(packed_kernel):
+    """Equal logits come lowest index first; -inf logits (tokens a model masks) add nothing to the
+    normaliser and never displace a finite one."""
+    x = torch.full((2, 300), -float("inf"))
+    x[0, [5, 70, 131, 200]] = 3.0
+    x[0, [6, 250]] = 1.0
+    x[1, :] = 0.5
+    ours = row_summary(x, 4)
+    assert ours.indices[0].tolist() == [5, 70, 131, 200] and ours.indices[1].tolist() == [0, 1, 2, 3]
+    p = probabilities(ours)
+    torch.testing.assert_close(p[0], torch.full((4,), torch.e ** 3 / (4 * torch.e ** 3 + 2 * torch.e)))
+    torch.testing.assert_close(p[1], torch.full((4,), 1 / 300))
+
+
+def test_half_precision_rows_are_summarised_as_their_float32_values(packed_kernel):
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(5, 49152, generator=g) * 3).to(torch.bfloat16)
+    ours, ref = row_summary(x, 8), x.float().topk(8, dim=-1)
+    assert torch.equal(ours.values, ref.values)
+    assert torch.equal(x.float().gather(1, ours.indices), ours.values)
+
+
+def test_the_torch_path_gives_the_same_summary(torch_ops):
+    """Where the kernel is not used (SPECBENCH_ROW_SUMMARY=torch, or it does not build), torch's ops
+    give the same top k and the probabilities within their rounding."""
+    assert not rs.kernel_ready()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 49152, generator=g) * 4
+    ours = row_summary(x, 8)
+    ref, p = reference(x, 8)
+    assert torch.equal(ours.values, ref.values) and torch.equal(ours.indices, ref.indices)
+    # torch's float32 log_softmax over 49,152 logits: within about 1e-5 (the kernel's: 1e-6)
+    torch.testing.assert_close(probabilities(ours).double(), p, rtol=3e-5, atol=1e-12)
+
+
+def test_a_failed_build_leaves_torchs_ops_and_one_warning(monkeypatch, capsys):
+    from specbench.decoding import packed_linear
+
+    monkeypatch.setattr(packed_linear, "available", lambda: True)
+    monkeypatch.setattr(packed_linear, "build_problem", lambda: "no compiler here")
+    rs.kernel_ready.cache_clear()
+    try:
+        x = torch.randn(2, 500)
+        ours = row_summary(x, 3)
+        row_summary(x, 3)
+        assert torch.equal(ours.indices, x.topk(3, dim=-1).indices)
+        err = capsys.readouterr().err
+        assert err.count("warning: TR's row summary runs on torch's") == 1 and "no compiler here" in err
+    finally:
+        rs.kernel_ready.cache_clear()
+
+
+def test_the_matrix_learns_the_same_rows_on_either_path(packed_kernel, monkeypatch):
+    """A matrix written through the kernel holds the same candidates as one written through torch's
+    ops, and their probabilities within rounding."""
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(9, 3000, generator=g) * 4
+    tokens = torch.tensor([3, 17, 3, 99, 5, 17, 2000, 8, 1])  # repeats: the last row of a token wins
+    written = []
+    for path in ("kernel", "torch"):
+        if path == "torch":
+            monkeypatch.setenv(rs.ENV, "torch")
+        rs.kernel_ready.cache_clear()
+        assert rs.kernel_ready() == (path == "kernel")
+        r = Recycling(RecyclingSettings(), 3000, "cpu", confidences=True)
+        r.write(tokens, logits)
+        written.append((r.matrix.clone(), r.probs.clone(), r.written.clone()))
+    monkeypatch.delenv(rs.ENV)
+    rs.kernel_ready.cache_clear()
+    (m1, p1, w1), (m2, p2, w2) = written
+    assert torch.equal(m1, m2) and torch.equal(w1, w2)
+    torch.testing.assert_close(p1, p2, rtol=2e-6, atol=1e-9)
+    assert m1[3].tolist() == logits[2].topk(8).indices.tolist()
+
+@pytest.mark.parametrize("rows,vocab", [(1, 49152), (6, 49152), (81, 49152), (3, 32000), (2, 50257), (4, 256)])
+def test_top_k_rows_is_torchs_topk(rows, vocab):
+    """The blockwise top-k gives torch's values and indices (no ties in random floats); a vocabulary
+    that is not a multiple of the block, or too small for k blocks, takes torch's own."""
+    g = torch.Generator().manual_seed(rows * vocab)
+    x = torch.randn(rows, vocab, generator=g) * 4
+    x[0, -1] = 50.0  # a winner in the last block
+    ours, ref = top_k_rows(x, 8), x.topk(8, dim=-1)
+    assert torch.equal(ours.values, ref.values) and torch.equal(ours.indices, ref.indices)
+
+
+def test_top_k_rows_in_bfloat16_keeps_the_top_values_among_ties():
+    """Half-precision logits tie often: the values are torch's, and each index holds its value."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(5, 49152, generator=g) * 3).to(torch.bfloat16)
+    ours, ref = top_k_rows(x, 8), x.topk(8, dim=-1)
+    assert torch.equal(ours.values, ref.values)
+    assert torch.equal(x.gather(1, ours.indices), ours.values)
+    assert all(len(set(r)) == 8 for r in ours.indices.tolist())
