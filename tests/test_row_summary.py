@@ -85,6 +85,7 @@ def test_a_failed_build_leaves_torchs_ops_and_one_warning(monkeypatch, capsys):
 
     monkeypatch.setattr(packed_linear, "available", lambda: True)
     monkeypatch.setattr(packed_linear, "build_problem", lambda: "no compiler here")
+    monkeypatch.setattr(packed_linear, "_said", [False])
     rs.kernel_ready.cache_clear()
     try:
         x = torch.randn(2, 500)
@@ -93,6 +94,11 @@ def test_a_failed_build_leaves_torchs_ops_and_one_warning(monkeypatch, capsys):
         assert torch.equal(ours.indices, x.topk(3, dim=-1).indices)
         err = capsys.readouterr().err
         assert err.count("warning: TR's row summary runs on torch's") == 1 and "no compiler here" in err
+        # where the forward's choice has said why the kernel does not run, the run gets no second line
+        packed_linear._said[0] = True
+        rs.kernel_ready.cache_clear()
+        assert torch.equal(row_summary(x, 3).indices, ours.indices)
+        assert capsys.readouterr().err == ""
     finally:
         rs.kernel_ready.cache_clear()
 

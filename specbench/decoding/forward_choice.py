@@ -89,16 +89,19 @@ def choose_forward(compile_setting: str, products: str, device, dtype: torch.dty
         return ForwardChoice("eager")
     problem = compiler_problem()  # inductor compiles C++ on the CPU, and Triton's launchers on CUDA
     if problem:
+        packed_linear.note_problem_said()  # our kernels need it too: this line says it for them
         return ForwardChoice("eager", (f"warning: {problem}: the compiled forward needs one, so this "
                                        "run uses the eager forward",))
     if plan == "compiled" and products != "inductor" and torch.device(device).type == "cpu" \
             and dtype == torch.float32:  # the kernel was wanted, the CPU cannot run it
+        packed_linear.note_problem_said()
         return ForwardChoice("compiled", (f"warning: the packed kernel is unavailable "
                                           f"({packed_linear.build_problem()}): the compiled forward uses "
                                           "inductor's matrix products",))
     if plan == "compiled-packed":
         problem = packed_linear.build_problem()
         if problem:
+            packed_linear.note_problem_said()
             return ForwardChoice("compiled", (f"warning: the packed kernel did not build here ({problem}): "
                                               "the compiled forward uses inductor's matrix products",))
     return ForwardChoice(plan)

@@ -42,6 +42,20 @@ NAME = "specbench_cpu_kernels"
 STALE_BATON_SECONDS = 600  # a build takes seconds to a minute; a lock this old was left by a killed one
 
 
+_said: list[bool] = [False]  # whether this process was told why the kernel does not run (one line per run)
+
+
+def problem_said() -> bool:
+    """Whether a line has told this process that the kernel (or the compiler it needs) does not run."""
+    return _said[0]
+
+
+def note_problem_said() -> None:
+    """A line saying why the kernel does not run was printed (the forward's choice, or TR's row summary):
+    its other users fall back without a line of their own."""
+    _said[0] = True
+
+
 class KernelBuildError(RuntimeError):
     """The kernel did not build or load here; the message is the compiler's first error line."""
 

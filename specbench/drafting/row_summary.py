@@ -6,7 +6,8 @@ one extension, decoding/packed_linear.py) reads each row once, where torch's top
 a pass of their own; elsewhere (another device, a CPU without AVX2, a build that failed, or
 `SPECBENCH_ROW_SUMMARY=torch`) torch's ops give the same top-k values and, but for exact ties, the same
 indices. The kernel's normaliser agrees with torch's to a few float32 rounding steps (its own exp).
-A failed build costs nothing but speed: one `warning:` line, then torch's ops.
+A failed build costs nothing but speed: torch's ops, and one `warning:` line a run (none of its own
+where the forward's choice has said why the kernel does not run).
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ def kernel_ready() -> bool:
         return False  # not an AVX2 machine: torch's ops, as intended, nothing to warn about
     problem = packed_linear.build_problem()
     if problem:
-        print(f"warning: TR's row summary runs on torch's topk and logsumexp: our kernel does not build here "
-              f"({problem})", file=sys.stderr)
+        if not packed_linear.problem_said():  # the forward's choice may have said it already: one line a run
+            packed_linear.note_problem_said()
+            print(f"warning: TR's row summary runs on torch's topk and logsumexp: our kernel does not build here "
+                  f"({problem})", file=sys.stderr)
         return False
     return True
 
