@@ -111,7 +111,7 @@ def clear_stale_baton(build_dir: str, stale_after: float = STALE_BATON_SECONDS) 
         os.remove(baton)
     except OSError:  # no lock, or another process removed it first
         return False
-    print(f"note: removed a stale build lock of the packed kernel ({baton}), left by an interrupted build")
+    print(f"note: removed a stale build lock of our CPU kernels ({baton}), left by an interrupted build")
     return True
 
 
