@@ -2,7 +2,7 @@
 
     python scripts/bench_drafting.py [--methods tr_fused,pld,suffix] [--temperatures 0,0.7] [--tokens 128]
     python scripts/bench_drafting.py --methods suffix tr_fused:retrieval=suffix
-    python scripts/bench_drafting.py --methods tr_fused,tr --row-summary kernel,torch
+    python scripts/bench_drafting.py --methods tr_fused,tr --tr-kernels kernel,torch
     python scripts/bench_drafting.py --lookup --context 2048 [--sweep]
     python scripts/bench_drafting.py --suffix-trees --context 1600
 
@@ -134,21 +134,21 @@ def replay_all(args) -> list[dict]:
     picked = select_per_subtask(load_jsonl_questions(path), 1)
     questions = [(q.question_id, prompt_ids(tok, [{"role": "user", "content": q.turns[0]}])) for q in picked]
     rows = []
-    print("| method | T | row summary | steps | MAT | propose ms/step | of which noise rows | observe ms/step "
+    print("| method | T | TR kernels | steps | MAT | propose ms/step | of which noise rows | observe ms/step "
           "| total ms/step | total less noise rows | median total ms |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     profiles = []
-    for temperature, method, summary in itertools.product(args.temperatures, args.methods, args.row_summary):
+    for temperature, method, summary in itertools.product(args.temperatures, args.methods, args.tr_kernels):
         if summary == "torch":
             os.environ[row_summary.ENV] = "torch"
         else:
             os.environ.pop(row_summary.ENV, None)
         row_summary.kernel_ready.cache_clear()
         if summary == "kernel" and not row_summary.kernel_ready():
-            raise SystemExit("error: --row-summary kernel, but the kernel does not build here (see the warning above)")
+            raise SystemExit("error: --tr-kernels kernel, but our kernels do not build here (see the warning above)")
         profiler = cProfile.Profile() if args.profile else None
         r = replay(method, temperature, model, engine, curve, questions, args.tokens, profiler)
-        r["row_summary"] = summary
+        r["tr_kernels"] = summary
         rows.append(r)
         print(f"| {method} | {temperature:g} | {summary} | {r['steps']} | {r['mat']:.2f} | {r['propose_ms']:.3f} | "
               f"{r['noise_ms']:.3f} | {r['observe_ms']:.3f} | {r['total_ms']:.3f} | "
@@ -244,9 +244,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per question")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the done-when's: one)")
     ap.add_argument("--cost-curve", default=None, help="a run's cost_curve.json (default: the quick curve, measured)")
-    ap.add_argument("--row-summary", default=["kernel"], type=lambda s: s.split(","),
-                    help="kernel, torch or both (kernel,torch): TR's row summary on our kernel or on torch's ops, "
-                         "side by side in one process (drafting/row_summary.py)")
+    ap.add_argument("--tr-kernels", default=["kernel"], type=lambda s: s.split(","),
+                    help="kernel, torch or both (kernel,torch): TR's row summary and template expansion on our "
+                         "CPU kernels or on torch's and numpy's ops, side by side in one process "
+                         "(drafting/row_summary.py, drafting/recycling.py)")
     ap.add_argument("--compiled", action="store_true", help="the compiled forward (default: eager)")
     ap.add_argument("--questions", default=None, help="question.jsonl (default: the tests' Spec-Bench sample)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",

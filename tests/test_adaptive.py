@@ -326,3 +326,49 @@ def test_coupled_drafts_only_when_sampling_on_the_host_and_stays_lossless():
         out = engine.generate([1, 2, 3, 4], coupled, 40, sampler)
         assert out.tokens == ar.tokens
         assert max(out.accept_lengths) > 1  # coupled drafts were accepted, not only plain steps
+
+
+def test_a_steps_trials_at_once_count_as_one_by_one():
+    """`add_many` (a step's trials at once, cells repeating) leaves the same doubles as `add` cell by cell,
+    pooled or not, and the rates read as an array are the list's."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    prior = list(rng.random(12))
+    for make in (lambda: RateTable(prior, prior_steps=3, half_life=7),
+                 lambda: PooledRateTable([0.9] * 6 + [0.2] * 6, pools=[c % 4 for c in range(12)], prior_steps=3,
+                                         half_life=7)):
+        one, many = make(), make()
+        for _ in range(2400):  # past the renormalisation at weight 1e100 (half_life 7: step 2,326)
+            cells, hits = rng.integers(0, 12, size=9), rng.random(9) < 0.4
+            for c, h in zip(cells.tolist(), hits.tolist()):
+                one.add(c, h)
+            many.add_many(cells, hits)
+            one.next_step()
+            many.next_step()
+        assert one.rates() == many.rates() and many.rate_array().tolist() == many.rates()
+
+
+def test_choose_nodes_matches_a_running_argmax():
+    """choose_nodes and best_size on arrays against the plain loop they replaced: ties by id and the
+    smaller m, the margin strict."""
+    import numpy as np
+
+    def loop(p, parents, times, gain, max_nodes):
+        q = monotone_down(p, parents)
+        order = sorted(range(len(q)), key=q.__getitem__, reverse=True)[:max_nodes]
+        best_m, best, expected = 0, (1 / times[0]) * (1 + gain), 1.0
+        for m, i in enumerate(order, start=1):
+            expected += q[i]
+            if expected / times[m] > best:
+                best_m, best = m, expected / times[m]
+        return tuple(sorted(i + 1 for i in order[:best_m]))
+
+    rng = np.random.default_rng(3)
+    parents = TREE.parents
+    for trial in range(300):
+        p = rng.choice([0.0, 0.25, 0.5, 0.9], size=len(parents)).tolist()  # many ties
+        times = np.cumsum(rng.random(len(parents) + 1) * 0.02 + 0.01).tolist()
+        gain, max_nodes = rng.choice([0.0, 0.05]), rng.choice([None, 2, 4])
+        assert choose_nodes(p, parents, times, gain, max_nodes) == loop(p, parents, times, gain, max_nodes)
+    assert best_size([], [0.05]) == 0 and best_size([0.5], [0.05, 0.05]) == 1

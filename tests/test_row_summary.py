@@ -68,7 +68,7 @@ def test_half_precision_rows_are_summarised_as_their_float32_values(packed_kerne
 
 
 def test_the_torch_path_gives_the_same_summary(torch_ops):
-    """Where the kernel is not used (SPECBENCH_ROW_SUMMARY=torch, or it does not build), torch's ops
+    """Where the kernel is not used (SPECBENCH_TR_KERNELS=torch, or it does not build), torch's ops
     give the same top k and the probabilities within their rounding."""
     assert not rs.kernel_ready()
     g = torch.Generator().manual_seed(5)
@@ -93,7 +93,7 @@ def test_a_failed_build_leaves_torchs_ops_and_one_warning(monkeypatch, capsys):
         row_summary(x, 3)
         assert torch.equal(ours.indices, x.topk(3, dim=-1).indices)
         err = capsys.readouterr().err
-        assert err.count("warning: TR's row summary runs on torch's") == 1 and "no compiler here" in err
+        assert err.count("warning: TR's row summary and template expansion run on torch's") == 1 and "no compiler here" in err
         # where the forward's choice has said why the kernel does not run, the run gets no second line
         packed_linear._said[0] = True
         rs.kernel_ready.cache_clear()

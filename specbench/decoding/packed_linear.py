@@ -7,8 +7,9 @@ first use by `torch.utils.cpp_extension` and cached by torch (`TORCH_EXTENSIONS_
 x86-64 with AVX2 and FMA. `available()` and `build_problem()` say whether it runs and builds here;
 where not, the compiled forward uses inductor's products (decoding/forward_choice.py): the kernel is
 a speed-up, never a requirement. Why it was written: docs/compiled-forward.md. The same extension
-carries our other CPU kernel, `row_summary.cpp` (Token Recycling's top k and normaliser of each
-verified row, drafting/row_summary.py), so a machine builds one extension, once.
+carries our other CPU kernels, Token Recycling's: `row_summary.cpp` (the top k and normaliser of each
+verified row, drafting/row_summary.py) and `tree_expansion.cpp` (its template expanded from the matrix,
+drafting/recycling.py), so a machine builds one extension, once.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import nn
 
 PANEL = 6  # output columns per panel, as in packed_linear.cpp
 SOURCE = os.path.join(os.path.dirname(__file__), "packed_linear.cpp")
-SOURCES = [SOURCE, os.path.join(os.path.dirname(__file__), "row_summary.cpp")]
+SOURCES = [SOURCE, *(os.path.join(os.path.dirname(__file__), f) for f in ("row_summary.cpp", "tree_expansion.cpp"))]
 
 
 def available() -> bool:

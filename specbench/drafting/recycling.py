@@ -190,6 +190,8 @@ class Recycling:
             idx = torch.nonzero(self.template.depths == d).flatten()
             self.host_levels.append((idx.numpy(), parents[idx].numpy(), rank[idx].numpy()))
             self.levels.append(tuple(t.to(self.device) for t in (idx, parents[idx], rank[idx])))
+        # every node's parent, sibling rank and depth, root first, for our expansion kernel (parents first)
+        self.host_nodes = (parents, rank, self.template.depths.to(torch.long))
         # int32 suffices for any vocabulary; the matrix is vocab x k (under 2 MB for 50k x 8).
         self.matrix = torch.zeros(vocab_size, self.k, dtype=torch.int32, device=self.device)
         self.written = torch.zeros(vocab_size, dtype=torch.bool, device=self.device)
@@ -198,8 +200,15 @@ class Recycling:
         self.temperature: float | None = None  # `couple`: the coupling tables kept for this temperature
         self.tables: tuple[np.ndarray, np.ndarray] | None = None
         self.statistics = RecyclingStatistics(self.template, self.device)
+        self._keep_views()
         if on_host(self.device):
             kernel_ready()  # the row summary's kernel built now, before anything is timed
+
+    def _keep_views(self) -> None:
+        """numpy views of the matrix, `written` and `probs` on the host (None elsewhere): made once, since
+        each `.numpy()` costs microseconds and a step asked for ten."""
+        self.host = ((self.matrix.numpy(), self.written.numpy(), None if self.probs is None else self.probs.numpy())
+                     if on_host(self.device) else None)
 
     def clear(self) -> None:
         """An empty matrix (in place: drafters sharing it see it emptied too)."""
@@ -214,6 +223,7 @@ class Recycling:
         """Draft from and learn into `other`'s matrix (one TR server's matrix for every request)."""
         self.matrix, self.written, self.probs = other.matrix, other.written, other.probs
         self.temperature, self.tables = other.temperature, other.tables
+        self._keep_views()
 
     def couple(self, temperature: float) -> None:
         """Keep `coupling_tables` of every row beside the matrix from now on (host, with confidences):
@@ -223,12 +233,17 @@ class Recycling:
 
     def expand(self, root: int, confidences: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the token of every template node, root first, on the device; with `confidences`, each
-        node's stored probability, the root's 1). On a CPU the gathers run in numpy over views of the
-        matrix: a dozen small torch indexing calls cost several times more there than the gathers."""
+        node's stored probability, the root's 1). On a CPU our kernel walks the nodes in one call
+        (decoding/tree_expansion.cpp), else numpy gathers over views of the matrix, a depth at a time:
+        a dozen small torch indexing calls cost several times more there than the gathers."""
         probs = self.probs if confidences else None
         size = self.template.size
         if on_host(self.device):
-            matrix, table = self.matrix.numpy(), None if probs is None else probs.numpy()
+            if kernel_ready():
+                parents, rank, _ = self.host_nodes
+                tokens, conf = torch.ops.specbench.expand_template(self.matrix, probs, parents, rank, root)
+                return tokens, None if probs is None else conf
+            matrix, table = self.host[0], None if probs is None else self.host[2]
             tokens = np.empty(size, dtype=np.int64)
             conf = None if table is None else np.ones(size, dtype=np.float32)
             tokens[0] = root
@@ -250,9 +265,14 @@ class Recycling:
 
     def expand_coupled(self, root: int, noise: list[np.ndarray], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """`expand` with confidences, siblings in the order of the target's draw (`coupled_expansion`;
-        host only)."""
+        host only; in our kernel where it runs and the coupling tables are kept for this temperature)."""
         tables = self.tables if self.temperature == temperature else None
-        tokens, conf = coupled_expansion(self.matrix.numpy(), self.probs.numpy(), self.host_levels, root,
+        if tables is not None and kernel_ready():
+            parents, rank, depth = self.host_nodes
+            return torch.ops.specbench.expand_coupled(
+                self.matrix, self.probs, torch.from_numpy(tables[0]), torch.from_numpy(tables[1]),
+                [torch.from_numpy(g) for g in noise], parents, rank, depth, root)
+        tokens, conf = coupled_expansion(self.host[0], self.host[2], self.host_levels, root,
                                          noise, temperature, tables)
         return torch.from_numpy(tokens), torch.from_numpy(conf)
 
@@ -262,8 +282,8 @@ class Recycling:
         whether its rank-0 entry is the token the target chose after it (`firsts`); bool tensors on
         the device, or for one root on a CPU two bools."""
         if isinstance(roots, int) and on_host(self.device):  # plain numbers: no tensor to make
-            written = bool(self.written.numpy()[roots])
-            return not written, written and int(self.matrix.numpy()[roots, 0]) == firsts
+            written = bool(self.host[1][roots])
+            return not written, written and int(self.host[0][roots, 0]) == firsts
         written = self.written[roots]
         return ~written, (self.matrix[roots, 0] == firsts) & written
 
@@ -319,12 +339,13 @@ class Recycling:
         top = row_summary(logits, self.k, normaliser=self.probs is not None)
         indices = top.indices if keep is None else top.indices[keep]
         tokens = tokens if keep is None else list(last)
-        self.matrix.numpy()[tokens] = indices.numpy()
-        self.written.numpy()[tokens] = True
+        matrix, written, kept = self.host
+        matrix[tokens] = indices.numpy()
+        written[tokens] = True
         if self.probs is not None:
             probs = probabilities(top)
             probs = (probs if keep is None else probs[keep]).numpy()
-            self.probs.numpy()[tokens] = probs
+            kept[tokens] = probs
             if self.tables is not None:
                 self.tables[0][tokens], self.tables[1][tokens] = coupling_tables(probs, self.temperature)
 

@@ -7,7 +7,8 @@ a pass of their own; elsewhere (another device, a CPU without AVX2, a build that
 `SPECBENCH_ROW_SUMMARY=torch`) torch's ops give the same top-k values and, but for exact ties, the same
 indices. The kernel's normaliser agrees with torch's to a few float32 rounding steps (its own exp).
 A failed build costs nothing but speed: torch's ops, and one `warning:` line a run (none of its own
-where the forward's choice has said why the kernel does not run).
+where the forward's choice has said why the kernel does not run). `kernel_ready` also decides for TR's
+other CPU kernel, its template's expansion (decoding/tree_expansion.cpp, drafting/recycling.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import torch
 
 RowSummary = namedtuple("RowSummary", "values indices log_norm")  # log_norm: (rows, 1) float32, or None
 TopK = namedtuple("TopK", "values indices")
-ENV = "SPECBENCH_ROW_SUMMARY"  # `torch`: torch's ops even where the kernel builds (side-by-side timing)
+# `torch`: torch's (and numpy's) ops for TR's row summary and expansion even where our kernels build
+# (side-by-side timing: scripts/bench_drafting.py --tr-kernels kernel,torch)
+ENV = "SPECBENCH_TR_KERNELS"
 
 
 def top_k_rows(logits: torch.Tensor, k: int, block: int = 64) -> TopK:
@@ -43,8 +46,8 @@ def top_k_rows(logits: torch.Tensor, k: int, block: int = 64) -> TopK:
 
 @functools.cache
 def kernel_ready() -> bool:
-    """Whether rows are summarised by our kernel in this process (built here at the first call: call it
-    before anything is timed). A build that fails says so in one line, once."""
+    """Whether TR's rows are summarised, and its template expanded, by our kernels in this process (built
+    here at the first call: call it before anything is timed). A build that fails says so in one line, once."""
     if os.environ.get(ENV, "").lower() == "torch":
         return False
     from specbench.decoding import packed_linear
@@ -55,7 +58,8 @@ def kernel_ready() -> bool:
     if problem:
         if not packed_linear.problem_said():  # the forward's choice may have said it already: one line a run
             packed_linear.note_problem_said()
-            print(f"warning: TR's row summary runs on torch's topk and logsumexp: our kernel does not build here "
+            print(f"warning: TR's row summary and template expansion run on torch's and numpy's ops: our kernel "
+                  f"does not build here "
                   f"({problem})", file=sys.stderr)
         return False
     return True

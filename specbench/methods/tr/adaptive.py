@@ -26,17 +26,6 @@ from specbench.drafting.recycling import Recycling
 from specbench.methods.tr.base import TokenRecycling, TRSettings
 
 
-def decayed_rates(table: RateTable) -> np.ndarray:
-    """`table.rates()` as an array: the same doubles by the same formula, in numpy rather than a Python
-    loop over every cell (the table changes every step, so its cache rarely holds)."""
-    pm = table.prior_steps * table.weight
-    base = (decayed_rates(table.pool)[table.pools] if isinstance(table, PooledRateTable)
-            else np.asarray(table.prior))
-    hits, trials = np.asarray(table.hits), np.asarray(table.trials)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(trials + pm > 0, (hits + pm * base) / (trials + pm), base)
-
-
 @dataclass
 class AdaptiveTRSettings(TRSettings):
     cost_curve: Optional[str] = None  # None: the run's curve (cost_curve= at the top level); or a curve JSON path
@@ -139,6 +128,7 @@ class GoodputSubtree:
             self._depth_class = [min(d, self._depths) - 1 for d in self.tree.depths.tolist()[1:]]
             # each node's cell but for its confidence bin and agreement, as `_cell` numbers them
             self._node_cells = ((np.array(self._depth_class) * 3 + np.array(self._rank_class)) * (self.BINS + 1))
+            self._kids = [np.array(c, dtype=np.int64) for c in self.tree.children]  # for `_learn`
             # prior rate of a cell: its confidence bin's midpoint; never-written entries rarely hit
             per_bucket = [(b + 0.5) / self.BINS for b in range(self.BINS)] + [0.02]
             prior = per_bucket * (3 * buckets * self._depths * self.agreement_classes)
@@ -204,12 +194,11 @@ class GoodputSubtree:
             if conf is None:
                 self.stats.add(path, bucket)
                 continue
-            conf = conf.tolist()
-            on_path = [0, *path]
-            for i, parent in enumerate(on_path):  # a trial for every child of an on-path node
-                nxt = on_path[i + 1] if i + 1 < len(on_path) else -1
-                for child in self.tree.children[parent]:
-                    self.rates.add(self._cell(conf[child], child, bucket, child in agreed), child == nxt)
+            # a trial for every child of an on-path node, a hit where the child is on the path too
+            kids = np.concatenate([self._kids[v] for v in (0, *path)])
+            on_path = np.zeros(self.tree.size, dtype=bool)
+            on_path[path] = True
+            self.rates.add_many(self._cells(conf.numpy()[kids], bucket, agreed, kids), on_path[kids])
             self.rates.next_step()
 
     # -- choosing --------------------------------------------------------------------------------
@@ -218,20 +207,23 @@ class GoodputSubtree:
         `agreed`: the nodes another source drafts too (tr_fused)."""
         if conf is None:
             return self.stats.probabilities(bucket)
-        q = decayed_rates(self.rates)[self._cells(conf.numpy()[1:], bucket, agreed)]
+        q = self.rates.rate_array()[self._cells(conf.numpy()[1:], bucket, agreed)]
         p = np.ones(self.tree.size)
         for idx, parent, _ in self.source.host_levels:  # p(v) = p(parent) q(v), one depth at a time
             p[idx] = p[parent] * q[idx - 1]
         return p[1:].tolist()
 
-    def _cells(self, conf: np.ndarray, bucket: int, agreed: frozenset) -> np.ndarray:
-        """`_cell` of every template node at once (`conf`: their confidences, root excluded)."""
+    def _cells(self, conf: np.ndarray, bucket: int, agreed: frozenset, nodes: np.ndarray | None = None) -> np.ndarray:
+        """`_cell` of template nodes at once: `nodes` (ids), else every node, root excluded (`conf`:
+        their confidences, in that order)."""
         c = conf.astype(np.float64)  # binned in double precision, as `_cell` bins a Python float
         bins = np.where(c > 0, np.minimum((c * self.BINS).astype(np.int64), self.BINS - 1), self.BINS)
         group = bucket * self._depths * 3 * (self.BINS + 1)
-        cells = self._node_cells + bins + group
+        cells = (self._node_cells if nodes is None else self._node_cells[nodes - 1]) + bins + group
         if agreed and self.agreement_classes > 1:
-            cells[np.fromiter(agreed, dtype=np.int64) - 1] += self._buckets * self._depths * 3 * (self.BINS + 1)
+            both = np.zeros(self.tree.size, dtype=bool)
+            both[np.fromiter(agreed, dtype=np.int64)] = True
+            cells[both[1:] if nodes is None else both[nodes]] += self._buckets * self._depths * 3 * (self.BINS + 1)
         return cells
 
     @property
