@@ -65,7 +65,7 @@ def test_template_nodes_the_chain_confirms_are_learnt_apart():
     tokens = torch.tensor([3, 5, 6])  # root 3; node 1 (rank 0) drafts 5, node 2 (rank 1) drafts 6
     conf = torch.tensor([1.0, 0.55, 0.55])
     for _ in range(30):  # the chain drafts node 1's token, and node 1 is always right
-        d.chooser.template._pending.append([0, tokens, conf, 0, frozenset({1})])
+        d.chooser.template._pending.append([0, tokens, conf, 0, frozenset({1}), None])
         d.chooser.template._learn(torch.tensor([3, 5]))
     rates = d.chooser.template.rates.rates()
     assert rates[d.chooser.template._cell(0.55, 1, 0, agreed=True)] > 0.9
@@ -243,7 +243,7 @@ def test_a_deeper_node_is_learnt_in_its_own_depth_cell():
                                 context_buckets=False, depth_cells=depth_cells, pooled_prior=False)
         tokens = torch.tensor([3, 5, 6])  # root 3 -> node 1 (5) -> node 2 (6), both rank 0
         conf = torch.tensor([1.0, 0.55, 0.55])
-        d.chooser.template._pending.append([0, tokens, conf, 0, frozenset()])
+        d.chooser.template._pending.append([0, tokens, conf, 0, frozenset(), None])
         d.chooser.template._learn(torch.tensor([3, 5, 9]))  # node 1 right, node 2 wrong
         depth1, depth2 = d.chooser.template._cell(0.55, 1, 0), d.chooser.template._cell(0.55, 2, 0)
         assert (depth1 != depth2) == depth_cells

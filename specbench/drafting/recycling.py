@@ -338,7 +338,7 @@ class Recycling:
         keep = list(last.values()) if len(last) < len(tokens) else None
         top = row_summary(logits, self.k, normaliser=self.probs is not None)
         indices = top.indices if keep is None else top.indices[keep]
-        tokens = tokens if keep is None else list(last)
+        tokens = np.fromiter(last, dtype=np.int64, count=len(last))  # each token once, in its last row's order
         matrix, written, kept = self.host
         matrix[tokens] = indices.numpy()
         written[tokens] = True

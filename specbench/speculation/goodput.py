@@ -221,8 +221,11 @@ class RateTable:
         if self._rates is None:
             pm = self.prior_steps * self.weight  # the prior keeps the weight of prior_steps recent trials
             base, denom = self._base(), self.trials + pm
-            with np.errstate(divide="ignore", invalid="ignore"):
-                self._rates = np.where(denom > 0, (self.hits + pm * base) / denom, base)
+            if pm > 0:  # every denominator is positive
+                self._rates = (self.hits + pm * base) / denom
+            else:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    self._rates = np.where(denom > 0, (self.hits + pm * base) / denom, base)
         return self._rates
 
     def rates(self) -> list[float]:

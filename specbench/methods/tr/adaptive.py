@@ -140,7 +140,8 @@ class GoodputSubtree:
             prior = prior_probabilities(self.tree.depths.tolist()[1:], ranks, s.prior_per_depth)
             self.stats = AcceptanceStats(prior, prior_steps if prior_steps is not None else 8,
                                          half_life if half_life is not None else 200, buckets)
-        # per step: [root's index, template tokens, confidences, bucket, nodes another source also drafted]
+        # per step: [root's index, template tokens, confidences, bucket, nodes another source also drafted,
+        # every node's rate cell (`probabilities`; None until then)]
         self._pending: deque = deque()
         self._last: tuple[int, torch.Tensor] | None = None  # the previous step's (root index, tokens)
         # (bucket as _bucket says, the step's length bucket on the curve) -> (stats version, nodes)
@@ -188,7 +189,7 @@ class GoodputSubtree:
         """Count the steps whose continuation is now decided as deep as the template reaches."""
         depth = self.tree.max_depth
         while self._pending and self._pending[0][0] + depth < seq.numel():
-            root_at, tokens, conf, bucket, agreed = self._pending.popleft()
+            root_at, tokens, conf, bucket, agreed, cells = self._pending.popleft()
             cont = seq[root_at + 1 : root_at + 1 + depth].tolist()
             path = counterfactual_path(self.tree.children, tokens.tolist(), cont)
             if conf is None:
@@ -198,7 +199,8 @@ class GoodputSubtree:
             kids = np.concatenate([self._kids[v] for v in (0, *path)])
             on_path = np.zeros(self.tree.size, dtype=bool)
             on_path[path] = True
-            self.rates.add_many(self._cells(conf.numpy()[kids], bucket, agreed, kids), on_path[kids])
+            cells = self._cells(conf.numpy()[1:], bucket, agreed) if cells is None else cells  # as chosen from
+            self.rates.add_many(cells[kids - 1], on_path[kids])
             self.rates.next_step()
 
     # -- choosing --------------------------------------------------------------------------------
@@ -207,7 +209,8 @@ class GoodputSubtree:
         `agreed`: the nodes another source drafts too (tr_fused)."""
         if conf is None:
             return self.stats.probabilities(bucket)
-        q = self.rates.rate_array()[self._cells(conf.numpy()[1:], bucket, agreed)]
+        cells = self._pending[-1][5] = self._cells(conf.numpy()[1:], bucket, agreed)  # learnt in later, as it was
+        q = self.rates.rate_array()[cells]
         p = np.ones(self.tree.size)
         for idx, parent, _ in self.source.host_levels:  # p(v) = p(parent) q(v), one depth at a time
             p[idx] = p[parent] * q[idx - 1]
@@ -286,7 +289,7 @@ class GoodputSubtree:
         # waited on then (confidences are read now: on an accelerator the sync the docstring mentions).
         host = HostCopy(tokens)
         host_conf = None if conf is None else conf.to("cpu")
-        self._pending.append([seq.numel() - 1, host, host_conf, bucket, frozenset()])
+        self._pending.append([seq.numel() - 1, host, host_conf, bucket, frozenset(), None])
         self._last = (seq.numel() - 1, host)
         return tokens, host_conf, bucket
 
