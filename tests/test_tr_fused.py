@@ -268,3 +268,20 @@ def test_calibration_scales_each_source_by_what_its_drafted_nodes_delivered(tiny
     muted.propose = lambda state: (draft := propose(state), seen.extend(muted.chooser.sources))[0]
     assert engine.generate(prompt, muted, 40).tokens == ar.tokens
     assert seen and MATRIX not in seen  # only nodes the retrieval drafts (alone or with the matrix)
+
+
+def test_every_nodes_cell_at_once_is_its_cell_one_by_one():
+    """`_cells` (every template node at once, as the chooser reads and learns them) numbers each node as
+    `_cell`, its one-node definition does: confidence bins (unwritten = 0 included), buckets, agreement."""
+    import numpy as np
+
+    d = FusedTokenRecycling(vocab_size=20, k=4, tree=[[3], [2, 1, 1], [1, 0, 1, 0]], cost_curve=FLAT,
+                            confidence=True)
+    t = d.chooser.template
+    n = t.tree.size - 1
+    conf = np.array([0.0, 0.05, 0.1, 0.55, 0.999, 1.0, 0.3, 0.7, 0.95], dtype=np.float32)
+    assert len(conf) == n
+    for bucket in (0, 1):
+        for agreed in (frozenset(), frozenset({1, 4, n})):
+            expected = [t._cell(float(conf[v - 1]), v, bucket, v in agreed) for v in range(1, n + 1)]
+            assert t._cells(conf, bucket, agreed).tolist() == expected

@@ -4,7 +4,7 @@ those k, the row's log-normaliser (log of the sum of exp over the vocabulary).
 On an x86-64 CPU with AVX2 our kernel (decoding/row_summary.cpp, built with the packed matrix kernel as
 one extension, decoding/packed_linear.py) reads each row once, where torch's topk and logsumexp each take
 a pass of their own; elsewhere (another device, a CPU without AVX2, a build that failed, or
-`SPECBENCH_ROW_SUMMARY=torch`) torch's ops give the same top-k values and, but for exact ties, the same
+`SPECBENCH_TR_KERNELS=torch`) torch's ops give the same top-k values and, but for exact ties, the same
 indices. The kernel's normaliser agrees with torch's to a few float32 rounding steps (its own exp).
 A failed build costs nothing but speed: torch's ops, and one `warning:` line a run (none of its own
 where the forward's choice has said why the kernel does not run). `kernel_ready` also decides for TR's

@@ -216,17 +216,14 @@ class GoodputSubtree:
             p[idx] = p[parent] * q[idx - 1]
         return p[1:].tolist()
 
-    def _cells(self, conf: np.ndarray, bucket: int, agreed: frozenset, nodes: np.ndarray | None = None) -> np.ndarray:
-        """`_cell` of template nodes at once: `nodes` (ids), else every node, root excluded (`conf`:
-        their confidences, in that order)."""
+    def _cells(self, conf: np.ndarray, bucket: int, agreed: frozenset) -> np.ndarray:
+        """`_cell` of every template node at once (`conf`: their confidences, root excluded)."""
         c = conf.astype(np.float64)  # binned in double precision, as `_cell` bins a Python float
         bins = np.where(c > 0, np.minimum((c * self.BINS).astype(np.int64), self.BINS - 1), self.BINS)
         group = bucket * self._depths * 3 * (self.BINS + 1)
-        cells = (self._node_cells if nodes is None else self._node_cells[nodes - 1]) + bins + group
+        cells = self._node_cells + bins + group
         if agreed and self.agreement_classes > 1:
-            both = np.zeros(self.tree.size, dtype=bool)
-            both[np.fromiter(agreed, dtype=np.int64)] = True
-            cells[both[1:] if nodes is None else both[nodes]] += self._buckets * self._depths * 3 * (self.BINS + 1)
+            cells[np.fromiter(agreed, dtype=np.int64) - 1] += self._buckets * self._depths * 3 * (self.BINS + 1)
         return cells
 
     @property
