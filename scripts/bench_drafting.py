@@ -16,6 +16,13 @@ the sampler's position-keyed noise rows inside `propose`: rows the verifier draw
 anyway and then finds drawn, so the cost moves rather than adds; the table shows it apart. The forward is eager unless --compiled; the drafter's
 inputs (tokens, the verified rows' logits) are the same either way.
 
+Each timed decoding is also recorded (every `propose`'s state and draft, every `observe`'s outcome) and
+replayed into a fresh drafter of the same settings with no forward between the calls: the replay's
+columns are the drafter's host time with the host's caches its own, as on a GPU's host, where the
+forward runs on the device; live, each CPU forward streams the model's weights through the caches
+first. The replay checks that every step drafts what the live decoding drafted (`same drafts`), so it
+also tells whether a change to a drafter kept its drafts.
+
 `--lookup` times `propose` alone at a fixed context of real text (PLD's n-gram search over the whole
 context, REST's suffix-array lookup and trie) and, with --sweep, how it grows with the context.
 
@@ -37,6 +44,7 @@ import pstats
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -93,35 +101,110 @@ def timed_noise(sampler, into: list[float]) -> None:
     sampler.noise_row = call
 
 
-def replay(method: str, temperature: float, model, engine, curve, questions, max_new: int, profiler=None) -> dict:
-    """Decode every question with one hot drafter, the first untimed; ms per step of its calls."""
+def recorded_calls(drafter, events: list) -> None:
+    """Record every `propose` (its state, copied, and the draft it made) and `observe` (its outcome, the
+    logits copied) into `events`, outside whatever timing wraps the calls already: the engine reuses
+    its buffers, a replay needs the values of the moment."""
+    propose, observe = drafter.propose, drafter.observe
+
+    def call_propose(state):
+        draft = propose(state)
+        events.append(("propose", replace(state, tokens=state.tokens.clone()), draft))
+        return draft
+
+    def call_observe(outcome):
+        events.append(("observe", replace(outcome, logits=outcome.logits.clone(), accepted=list(outcome.accepted),
+                                          emitted=list(outcome.emitted),
+                                          hidden_states=None if outcome.hidden_states is None
+                                          else outcome.hidden_states.clone())))
+        return observe(outcome)
+
+    drafter.propose, drafter.observe = call_propose, call_observe
+
+
+def same_draft(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return bool(torch.equal(a.tokens.cpu(), b.tokens.cpu())) and tuple(a.tree.parents) == tuple(b.tree.parents)
+
+
+def make_drafter(method: str, temperature: float, model, curve):
     sampler = PositionSampler(temperature, seed=0) if temperature > 0 else None
     target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=model.device, model=model,
                     model_name="smollm2-135m", dtype_name="float32", hardware_curve=curve, sampler=sampler)
     name, settings = parse_method(method)
     cls = drafter_class(name)
-    drafter = cls(target, cls.Settings(**cls.check_settings({**cls.parameters(), **settings}, {})))
+    return cls(target, cls.Settings(**cls.check_settings({**cls.parameters(), **settings}, {}))), sampler
+
+
+def per_step_ms(times: dict, steps: int) -> dict:
+    per_step = [p + o for p, o in zip(times["propose"], times["observe"])]
+    return {"propose_ms": 1e3 * sum(times["propose"]) / max(steps, 1),
+            "observe_ms": 1e3 * sum(times["observe"]) / max(steps, 1),
+            "noise_ms": 1e3 * sum(times["noise"]) / max(steps, 1),
+            "total_ms": 1e3 * sum(per_step) / max(steps, 1),
+            "median_ms": 1e3 * statistics.median(per_step) if per_step else 0.0}
+
+
+def replay(method: str, temperature: float, model, engine, curve, questions, max_new: int, profiler=None,
+           events: list | None = None) -> dict:
+    """Decode every question with one hot drafter, the first untimed; ms per step of its calls, live and
+    replayed (`replay_recorded`; the recorded calls into `events` when given)."""
+    drafter, sampler = make_drafter(method, temperature, model, curve)
     times: dict[str, list[float]] = {"propose": [], "observe": [], "noise": []}
+    events = [] if events is None else events
     steps = tokens = 0
     for i, (qid, ids) in enumerate(questions):
         if sampler is not None:
             sampler.bind(qid, 0)
         drafter.start_question()
+        events.append(("start", qid, i == 1))
+        if i <= 1:
+            for name in ("propose", "observe"):  # the class's own calls again, to wrap afresh
+                drafter.__dict__.pop(name, None)
         if i == 1:  # the warm-up question is done: count from here
             timed_calls(drafter, times, profiler)
             if sampler is not None:
                 timed_noise(sampler, times["noise"])
+        if i <= 1:  # around the timing, so copying the recorded values is not timed
+            recorded_calls(drafter, events)
         out = engine.generate(list(ids), drafter, max_new, sampler)
         if i >= 1:
             steps += len(out.accept_lengths)
             tokens += len(out.tokens)
-    per_step = [p + o for p, o in zip(times["propose"], times["observe"])]
+    again = replay_recorded(method, temperature, model, curve, events)
     return {"method": method, "temperature": temperature, "steps": steps, "mat": tokens / max(steps, 1),
-            "propose_ms": 1e3 * sum(times["propose"]) / max(steps, 1),
-            "observe_ms": 1e3 * sum(times["observe"]) / max(steps, 1),
-            "noise_ms": 1e3 * sum(times["noise"]) / max(steps, 1),
-            "total_ms": 1e3 * sum(per_step) / max(steps, 1),
-            "median_ms": 1e3 * statistics.median(per_step) if per_step else 0.0}
+            **per_step_ms(times, steps), **{f"replay_{k}": v for k, v in again.items()}}
+
+
+def replay_recorded(method: str, temperature: float, model, curve, events: list) -> dict:
+    """The recorded calls into a fresh drafter, back to back: ms per step as `replay`'s, and how many
+    steps drafted what the live decoding drafted (all of them, or the replay is not that decoding)."""
+    drafter, sampler = make_drafter(method, temperature, model, curve)
+    times: dict[str, list[float]] = {"propose": [], "observe": [], "noise": []}
+    same = steps = 0
+    draft = None
+    timed = False
+    for event in events:
+        if event[0] == "start":
+            _, qid, start_timing = event
+            if sampler is not None:
+                sampler.bind(qid, 0)
+            drafter.start_question()
+            if start_timing:
+                timed_calls(drafter, times)
+                if sampler is not None:
+                    timed_noise(sampler, times["noise"])
+                timed = True
+        elif event[0] == "propose":
+            _, state, recorded = event
+            draft = drafter.propose(state)
+            steps += timed
+            same += timed and same_draft(draft, recorded)
+        else:  # the engine verified no draft for an empty tree: the outcome says which it was
+            outcome = event[1]
+            drafter.observe(replace(outcome, draft=None if outcome.draft is None else draft))
+    return {**per_step_ms(times, steps), "same_drafts": same, "steps": steps}
 
 
 def replay_all(args) -> list[dict]:
@@ -135,8 +218,9 @@ def replay_all(args) -> list[dict]:
     questions = [(q.question_id, prompt_ids(tok, [{"role": "user", "content": q.turns[0]}])) for q in picked]
     rows = []
     print("| method | T | TR kernels | steps | MAT | propose ms/step | of which noise rows | observe ms/step "
-          "| total ms/step | total less noise rows | median total ms |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| total ms/step | total less noise rows | median total ms | replayed: propose | observe "
+          "| total less noise rows | same drafts |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     profiles = []
     for temperature, method, summary in itertools.product(args.temperatures, args.methods, args.tr_kernels):
         if summary == "torch":
@@ -152,7 +236,9 @@ def replay_all(args) -> list[dict]:
         rows.append(r)
         print(f"| {method} | {temperature:g} | {summary} | {r['steps']} | {r['mat']:.2f} | {r['propose_ms']:.3f} | "
               f"{r['noise_ms']:.3f} | {r['observe_ms']:.3f} | {r['total_ms']:.3f} | "
-              f"{r['total_ms'] - r['noise_ms']:.3f} | {r['median_ms']:.3f} |", flush=True)
+              f"{r['total_ms'] - r['noise_ms']:.3f} | {r['median_ms']:.3f} | {r['replay_propose_ms']:.3f} | "
+              f"{r['replay_observe_ms']:.3f} | {r['replay_total_ms'] - r['replay_noise_ms']:.3f} | "
+              f"{r['replay_same_drafts']}/{r['replay_steps']} |", flush=True)
         if profiler is not None:
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile)
