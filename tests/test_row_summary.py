@@ -125,6 +125,36 @@ def test_the_matrix_learns_the_same_rows_on_either_path(packed_kernel, monkeypat
     torch.testing.assert_close(p1, p2, rtol=2e-6, atol=1e-9)
     assert m1[3].tolist() == logits[2].topk(8).indices.tolist()
 
+@pytest.mark.parametrize("drafted", [None, [17, 3, 99, 5, 17, 3, 8]])
+@pytest.mark.parametrize("temperature", [None, 0.7])
+def test_a_step_written_in_one_call_is_the_rows_written_one_by_one(packed_kernel, drafted, temperature):
+    """`observe` on the kernel's one call (`write_rows`) leaves the matrix, `written`, the probabilities and
+    the coupling tables exactly as the step's rows written through `_write_host`, duplicates included
+    (the root's token drafted again, a token drafted twice: the last row wins)."""
+    from specbench.draft import Draft, DraftTree, StepOutcome
+
+    g = torch.Generator().manual_seed(3)
+    vocab = 3000
+    draft = None if drafted is None else Draft(tokens=torch.tensor(drafted), tree=DraftTree((0,) * len(drafted)))
+    logits = torch.randn(1 + len(drafted or []), vocab, generator=g) * 4
+    outcome = StepOutcome(draft=draft, root=3, logits=logits, accepted=[], bonus=0, emitted=[0])
+    kept = []
+    for one_call in (True, False):
+        r = Recycling(RecyclingSettings(), vocab, "cpu", confidences=True)
+        if temperature is not None:
+            r.couple(temperature)
+        r.write(torch.tensor([5, 6]), torch.randn(2, vocab, generator=torch.Generator().manual_seed(1)))
+        if one_call:
+            r._write_step(outcome)
+        else:
+            r._write_host(*r._host_rows(outcome))
+        kept.append([r.matrix, r.written, r.probs, *([] if r.tables is None else map(torch.from_numpy, r.tables))])
+    for ours, theirs in zip(*kept):
+        assert torch.equal(ours, theirs)
+    token, row = (3, 0) if drafted is None else (17, 5)
+    assert kept[0][0][token].tolist() == logits[row].topk(8).indices.tolist()
+
+
 @pytest.mark.parametrize("rows,vocab", [(1, 49152), (6, 49152), (81, 49152), (3, 32000), (2, 50257), (4, 256)])
 def test_top_k_rows_is_torchs_topk(rows, vocab):
     """The blockwise top-k gives torch's values and indices (no ties in random floats); a vocabulary

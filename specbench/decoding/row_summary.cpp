@@ -157,9 +157,64 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_summary(const at::Tensor& log
   return {values, indices, log_norm};
 }
 
+// specbench::write_rows(logits, root, draft_tokens, matrix, written, probs) -> the written rows' probabilities:
+// a step's verified rows written into Token Recycling's matrix in one call. Row 0 is the root's, row i the
+// draft's i-th token's; each token's matrix row <- its row's top k, `written` <- true and, with `probs`,
+// the k probabilities exp(logit - log-normaliser) (ATen's sub and exp, the same floats as the ops a step
+// made before). Rows are written in order, so a token on several rows keeps its last row's, as in
+// `Recycling.write`. Returns the (rows, k) probabilities (empty without `probs`), for the tables a
+// coupled expansion keeps beside them.
+at::Tensor write_rows(const at::Tensor& logits, int64_t root, const c10::optional<at::Tensor>& draft_tokens,
+                      at::Tensor matrix, at::Tensor written, const c10::optional<at::Tensor>& probs) {
+  const int64_t drafted = draft_tokens.has_value() ? draft_tokens->numel() : 0, rows = 1 + drafted;
+  const int64_t k = matrix.size(1), vocab = matrix.size(0);
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu() &&
+                  logits.size(0) >= rows && logits.stride(1) == 1,
+              "write_rows takes float32 CPU logits with a row for the root and each drafted token");
+  TORCH_CHECK(matrix.scalar_type() == at::kInt && matrix.is_contiguous() && written.scalar_type() == at::kBool &&
+                  written.is_contiguous() && k >= 1 && k <= logits.size(1),
+              "write_rows takes an int32 (vocab, k) matrix and a bool (vocab,) written flag");
+  const bool with_probs = probs.has_value();
+  at::Tensor values = at::empty({rows, k}, logits.options());
+  at::Tensor indices = at::empty({rows, k}, logits.options().dtype(at::kLong));
+  at::Tensor log_norm = at::empty({rows, 1}, logits.options());
+  std::vector<int64_t> tokens(rows);
+  tokens[0] = root;
+  if (drafted) {
+    const at::Tensor t = draft_tokens->to(at::kLong).contiguous();
+    std::copy(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + drafted, tokens.begin() + 1);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(tokens[r] >= 0 && tokens[r] < vocab, "write_rows: token ", tokens[r], " outside the matrix");
+    summarise(logits.data_ptr<float>() + r * logits.stride(0), logits.size(1), k, with_probs,
+              values.data_ptr<float>() + r * k, indices.data_ptr<int64_t>() + r * k,
+              with_probs ? log_norm.data_ptr<float>() + r : nullptr);
+  }
+  int32_t* m = matrix.data_ptr<int32_t>();
+  bool* w = written.data_ptr<bool>();
+  const int64_t* ix = indices.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < k; ++j) m[tokens[r] * k + j] = static_cast<int32_t>(ix[r * k + j]);
+    w[tokens[r]] = true;
+  }
+  if (!with_probs) return at::empty({0}, logits.options());
+  TORCH_CHECK(probs->scalar_type() == at::kFloat && probs->is_contiguous() && probs->size(1) == k,
+              "write_rows takes float32 (vocab, k) probabilities");
+  const at::Tensor p = (values - log_norm).exp();
+  float* dst = probs->data_ptr<float>();
+  const float* src = p.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) std::copy(src + r * k, src + (r + 1) * k, dst + tokens[r] * k);
+  return p;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("row_summary(Tensor logits, int k, bool normaliser) -> (Tensor, Tensor, Tensor)");
+  m.def("write_rows(Tensor logits, int root, Tensor? draft_tokens, Tensor(a!) matrix, Tensor(b!) written, "
+        "Tensor(c!)? probs) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(specbench, CPU, m) { m.impl("row_summary", &row_summary); }
+TORCH_LIBRARY_IMPL(specbench, CPU, m) {
+  m.impl("row_summary", &row_summary);
+  m.impl("write_rows", &write_rows);
+}

@@ -355,9 +355,26 @@ class Recycling:
         if counted:
             self.count(outcome, nodes, *self.root_facts(root, first))  # the matrix before this step's writes
         if on_host(self.device) and outcome.logits.device.type == "cpu":
-            self._write_host(*self._host_rows(outcome))
+            if self.settings.update == "all_rows" and outcome.logits.dtype == torch.float32 and kernel_ready():
+                self._write_step(outcome)
+            else:
+                self._write_host(*self._host_rows(outcome))
             return
         self.write(*self.rows(outcome, torch.full((1,), root, dtype=torch.long, device=self.device)))
+
+    def _write_step(self, outcome: StepOutcome) -> None:
+        """`_write_host` of every verified row in one call of our kernel (decoding/row_summary.cpp's
+        `write_rows`: the top k, the matrix, `written` and the probabilities written there, a token on
+        several rows keeping its last row's), the coupling tables after it."""
+        draft = outcome.draft
+        probs = torch.ops.specbench.write_rows(outcome.logits, outcome.root, None if draft is None else draft.tokens,
+                                               self.matrix, self.written, self.probs)
+        if self.tables is not None:
+            tokens = [outcome.root] if draft is None else [outcome.root, *draft.tokens.tolist()]
+            last = {t: i for i, t in enumerate(tokens)}
+            rows = probs.numpy()[list(last.values())]
+            at = np.fromiter(last, dtype=np.int64, count=len(last))
+            self.tables[0][at], self.tables[1][at] = coupling_tables(rows, self.temperature)
 
     def _host_rows(self, outcome: StepOutcome) -> tuple[list[int], torch.Tensor]:
         """`rows` as a list of tokens, on the CPU."""

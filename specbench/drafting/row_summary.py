@@ -7,8 +7,9 @@ a pass of their own; elsewhere (another device, a CPU without AVX2, a build that
 `SPECBENCH_TR_KERNELS=torch`) torch's ops give the same top-k values and, but for exact ties, the same
 indices. The kernel's normaliser agrees with torch's to a few float32 rounding steps (its own exp).
 A failed build costs nothing but speed: torch's ops, and one `warning:` line a run (none of its own
-where the forward's choice has said why the kernel does not run). `kernel_ready` also decides for TR's
-other CPU kernel, its template's expansion (decoding/tree_expansion.cpp, drafting/recycling.py).
+where the forward's choice has said why the kernel does not run). On the kernel's path a step's rows go
+into the matrix in one call (`write_rows`, same file: summary, matrix, probabilities). `kernel_ready` also
+decides for TR's other CPU kernel, its template's expansion (decoding/tree_expansion.cpp, drafting/recycling.py).
 """
 
 from __future__ import annotations
