@@ -372,3 +372,20 @@ def test_choose_nodes_matches_a_running_argmax():
         gain, max_nodes = rng.choice([0.0, 0.05]), rng.choice([None, 2, 4])
         assert choose_nodes(p, parents, times, gain, max_nodes) == loop(p, parents, times, gain, max_nodes)
     assert best_size([], [0.05]) == 0 and best_size([0.5], [0.05, 0.05]) == 1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_choice_kernel_chooses_what_choose_nodes_chooses(packed_kernel, seed):
+    """decoding/goodput_choice.cpp against speculation/goodput.py's `choose_nodes`: the same nodes on random
+    trees, estimates (ties and zeros among them), curves, margins and caps."""
+    import random
+
+    rng = random.Random(seed)
+    n = rng.randint(0, 90)
+    parents = [rng.randint(0, i) for i in range(n)]  # node i + 1's parent precedes it
+    levels = [0.0, 0.05, 0.2, 0.5, 0.5, 0.9]
+    p = [rng.choice(levels) if rng.random() < 0.3 else rng.random() for _ in range(n)]
+    t = sorted(rng.uniform(1.0, 3.0) for _ in range(n + 1)) if seed % 3 else [1.0 + 0.01 * w for w in range(n + 1)]
+    gain = rng.choice([0.0, 0.02, 0.5])
+    cap = rng.choice([None, 1, 3, 20])
+    assert tuple(torch.ops.specbench.choose_nodes(p, parents, t, gain, cap)) == choose_nodes(p, parents, t, gain, cap)

@@ -8,8 +8,9 @@ x86-64 with AVX2 and FMA. `available()` and `build_problem()` say whether it run
 where not, the compiled forward uses inductor's products (decoding/forward_choice.py): the kernel is
 a speed-up, never a requirement. Why it was written: docs/compiled-forward.md. The same extension
 carries our other CPU kernels, Token Recycling's: `row_summary.cpp` (the top k and normaliser of each
-verified row, drafting/row_summary.py) and `tree_expansion.cpp` (its template expanded from the matrix,
-drafting/recycling.py), so a machine builds one extension, once.
+verified row, drafting/row_summary.py), `tree_expansion.cpp` (its template expanded from the matrix,
+drafting/recycling.py) and `goodput_choice.cpp` (the goodput chooser's sub-tree, methods/tr/adaptive.py),
+so a machine builds one extension, once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from torch import nn
 
 PANEL = 6  # output columns per panel, as in packed_linear.cpp
 SOURCE = os.path.join(os.path.dirname(__file__), "packed_linear.cpp")
-SOURCES = [SOURCE, *(os.path.join(os.path.dirname(__file__), f) for f in ("row_summary.cpp", "tree_expansion.cpp"))]
+SOURCES = [SOURCE, *(os.path.join(os.path.dirname(__file__), f) for f in ("row_summary.cpp", "tree_expansion.cpp",
+                                                                             "goodput_choice.cpp"))]
 
 
 def available() -> bool:

@@ -23,6 +23,7 @@ from specbench.registry import register
 from specbench.decoding.transfers import HostCopy, on_host, to_device
 from specbench.draft import DraftTree
 from specbench.drafting.recycling import Recycling
+from specbench.drafting.row_summary import kernel_ready
 from specbench.methods.tr.base import TokenRecycling, TRSettings
 
 
@@ -103,6 +104,8 @@ class GoodputSubtree:
                                    and sampler is not None and sampler.temperature > 0) else None
         if self.sampler is not None:
             source.couple(self.sampler.temperature)
+        # our CPU kernels built (Recycling's constructor asked): the choice in one call of ours too
+        self._host_kernels = on_host(self.device) and kernel_ready()
         self.reset()
 
     @staticmethod
@@ -251,6 +254,9 @@ class GoodputSubtree:
         every draft's rate is under the plain step's and the choice is the plain step anyway."""
         if max(p, default=0.0) < self._plain_below(context):
             return ()
+        if self._host_kernels:  # the same choice in one call (decoding/goodput_choice.cpp)
+            return tuple(torch.ops.specbench.choose_nodes(p, parents, self.times.at(context), self.settings.min_gain,
+                                                          max_nodes))
         return choose_nodes(p, parents, self.times.at(context), self.settings.min_gain, max_nodes)
 
     def _plain_below(self, context: int | None) -> float:
