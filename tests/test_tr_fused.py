@@ -285,3 +285,28 @@ def test_every_nodes_cell_at_once_is_its_cell_one_by_one():
         for agreed in (frozenset(), frozenset({1, 4, n})):
             expected = [t._cell(float(conf[v - 1]), v, bucket, v in agreed) for v in range(1, n + 1)]
             assert t._cells(conf, bucket, agreed).tolist() == expected
+
+
+def test_the_estimate_kernel_gives_the_numpy_cells_and_estimates(packed_kernel):
+    """decoding/goodput_choice.cpp's `template_probabilities` against the chooser's numpy: the same cells
+    (confidence bins at their edges, unwritten entries, both buckets, agreed nodes) and the same doubles."""
+    import numpy as np
+
+    g = FusedTokenRecycling(vocab_size=50, cost_curve=FLAT).chooser.template
+    assert g._host_kernels and g.agreement_classes == 2
+    rng = np.random.default_rng(0)
+    n, cells = g.tree.size - 1, len(g.rates.prior)
+    g.rates.add_many(rng.integers(0, cells, 400), rng.random(400) < 0.4)
+    g.rates.next_step()
+    edges = np.array([0.0, 0.1, 0.3, 0.7, 0.9999, 1.0, np.float32(0.2) * 1], dtype=np.float32)
+    for trial in range(16):
+        conf = np.where(rng.random(n + 1) < 0.5, rng.choice(edges, n + 1), rng.random(n + 1)).astype(np.float32)
+        conf[0] = 1.0
+        agreed = frozenset(rng.choice(np.arange(1, n + 1), size=trial % 5, replace=False).tolist())
+        got = []
+        for kernel in (True, False):
+            g._host_kernels = kernel
+            g._pending.append([0, None, None, trial % 2, agreed, None])
+            got.append((g.probabilities(trial % 2, torch.from_numpy(conf), agreed), g._pending.pop()[5]))
+        (p1, c1), (p2, c2) = got
+        assert p1 == p2 and np.array_equal(c1, c2)

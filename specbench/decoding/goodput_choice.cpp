@@ -1,16 +1,25 @@
-// specbench::choose_nodes(p, parents, step_times, min_gain, max_nodes) -> node ids: the goodput chooser's
-// sub-tree (speculation/goodput.py's `choose_nodes`, which says what it means) in one call, the same
-// choice in the same doubles: p capped by each parent's value, the nodes in decreasing order (ties by
-// id), the running sum 1 + p_1 + ... + p_m over t(m + 1), the first best m, taken when it beats the
-// plain step by 1 + min_gain.
+// The goodput chooser's host work for TR's template (methods/tr/adaptive.py), each in one call and in the
+// same doubles as the numpy it replaces:
 //
-// Why a kernel of our own: TR's adaptive and fused drafters choose every step; in numpy the choice is
-// a Python pass over the template, a sort and a few array calls, about 0.05 ms a step of host work.
+//   template_probabilities(conf, node_cells, parents, rates, bins, group, agreed, agreed_offset)
+//     -> (cells, p): every template node's rate cell (`GoodputSubtree._cells`: its confidence conf[v]
+//     binned into `bins` bins, bin `bins` for an entry never written, plus the node's own cell, the
+//     context bucket's `group` and, for the nodes in `agreed`, `agreed_offset`) and its estimate
+//     p(v) = p(parent) x rates[cell] (`GoodputSubtree.probabilities`; conf and p: root first / not).
+//   choose_nodes(p, parents, step_times, min_gain, max_nodes) -> node ids: the sub-tree
+//     (speculation/goodput.py's `choose_nodes`, which says what it means): p capped by each parent's
+//     value, the nodes in decreasing order (ties by id), the running sum 1 + p_1 + ... + p_m over
+//     t(m + 1), the first best m, taken when it beats the plain step by 1 + min_gain.
+//
+// Why kernels of our own: TR's adaptive and fused drafters estimate and choose every step; in numpy each
+// is a Python pass over the template and a handful of array calls of a few microseconds, together about
+// a tenth of a millisecond a step of host work.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -47,10 +56,44 @@ std::vector<int64_t> choose_nodes(at::ArrayRef<double> p, at::ArrayRef<int64_t> 
   return chosen;
 }
 
+std::tuple<at::Tensor, std::vector<double>> template_probabilities(
+    const at::Tensor& conf, const at::Tensor& node_cells, const at::Tensor& parents, const at::Tensor& rates,
+    int64_t bins, int64_t group, at::ArrayRef<int64_t> agreed, int64_t agreed_offset) {
+  const int64_t n = node_cells.numel();
+  TORCH_CHECK(conf.scalar_type() == at::kFloat && conf.is_contiguous() && conf.numel() == n + 1 &&
+                  node_cells.scalar_type() == at::kLong && node_cells.is_contiguous() &&
+                  parents.scalar_type() == at::kLong && parents.is_contiguous() && parents.numel() == n &&
+                  rates.scalar_type() == at::kDouble && rates.is_contiguous(),
+              "template_probabilities: float32 confidences (root first), int64 cells and parents, float64 rates");
+  at::Tensor cells = at::empty({n}, node_cells.options());
+  int64_t* cell = cells.data_ptr<int64_t>();
+  const float* c = conf.data_ptr<float>() + 1;
+  const int64_t* own = node_cells.data_ptr<int64_t>();
+  for (int64_t v = 0; v < n; ++v) {
+    const double x = c[v];  // binned in double precision, as numpy bins the float32 confidences
+    cell[v] = own[v] + group + (x > 0 ? std::min<int64_t>(static_cast<int64_t>(x * bins), bins - 1) : bins);
+  }
+  for (const int64_t v : agreed) {
+    TORCH_CHECK(v >= 1 && v <= n, "template_probabilities: agreed node ", v, " is not in the template");
+    cell[v - 1] += agreed_offset;
+  }
+  const double* q = rates.data_ptr<double>();
+  const int64_t* par = parents.data_ptr<int64_t>();
+  std::vector<double> p(n);
+  for (int64_t v = 0; v < n; ++v) {
+    TORCH_CHECK(cell[v] >= 0 && cell[v] < rates.numel() && par[v] >= 0 && par[v] <= v,
+                "template_probabilities: node ", v + 1, "'s cell or parent is out of range");
+    p[v] = (par[v] ? p[par[v] - 1] : 1.0) * q[cell[v]];  // parents precede their children
+  }
+  return {cells, p};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   // no tensor argument to dispatch on: one kernel for every caller
   m.def("choose_nodes(float[] p, int[] parents, float[] step_times, float min_gain, int? max_nodes) -> int[]",
         &choose_nodes);
+  m.def("template_probabilities(Tensor conf, Tensor node_cells, Tensor parents, Tensor rates, int bins, int group, "
+        "int[] agreed, int agreed_offset) -> (Tensor, float[])", &template_probabilities);
 }

@@ -132,6 +132,8 @@ class GoodputSubtree:
             # each node's cell but for its confidence bin and agreement, as `_cell` numbers them
             self._node_cells = ((np.array(self._depth_class) * 3 + np.array(self._rank_class)) * (self.BINS + 1))
             self._kids = [np.array(c, dtype=np.int64) for c in self.tree.children]  # for `_learn`
+            self._node_cells_host = torch.from_numpy(self._node_cells.astype(np.int64))  # for our kernel
+            self._parents_host = torch.tensor(self.tree.parents, dtype=torch.long)
             # prior rate of a cell: its confidence bin's midpoint; never-written entries rarely hit
             per_bucket = [(b + 0.5) / self.BINS for b in range(self.BINS)] + [0.02]
             prior = per_bucket * (3 * buckets * self._depths * self.agreement_classes)
@@ -212,6 +214,14 @@ class GoodputSubtree:
         `agreed`: the nodes another source drafts too (tr_fused)."""
         if conf is None:
             return self.stats.probabilities(bucket)
+        if self._host_kernels:  # the same cells and estimates in one call (decoding/goodput_choice.cpp)
+            bucket_cells = (self.BINS + 1) * 3 * self._depths  # `_cell`'s numbering
+            offset = self._buckets * bucket_cells if agreed and self.agreement_classes > 1 else 0
+            cells, p = torch.ops.specbench.template_probabilities(
+                conf, self._node_cells_host, self._parents_host, torch.from_numpy(self.rates.rate_array()),
+                self.BINS, bucket * bucket_cells, list(agreed) if offset else [], offset)
+            self._pending[-1][5] = cells.numpy()
+            return p
         cells = self._pending[-1][5] = self._cells(conf.numpy()[1:], bucket, agreed)  # learnt in later, as it was
         q = self.rates.rate_array()[cells]
         p = np.ones(self.tree.size)
