@@ -321,7 +321,8 @@ class FusedChoice:
         raw = p
         if self.settings.calibrate:
             scale = self.calibration.rates()
-            p = [pv * scale[max(src, 1) - 1] for pv, src in zip(p, source)]
+            by_source = (scale[0], scale[0], scale[1], scale[2])  # source bits -> cell max(bits, 1) - 1
+            p = [pv * by_source[src] for pv, src in zip(p, source)]
         # t(w) after the step's cached tokens (the root is not cached yet)
         nodes = self.template.choose(p, parents, state.tokens.numel() - 1, self.settings.max_nodes)
         self.drafted = nodes
