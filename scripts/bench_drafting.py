@@ -20,8 +20,10 @@ Each timed decoding is also recorded (every `propose`'s state and draft, every `
 replayed into a fresh drafter of the same settings with no forward between the calls: the replay's
 columns are the drafter's host time with the host's caches its own, as on a GPU's host, where the
 forward runs on the device; live, each CPU forward streams the model's weights through the caches
-first. The replay checks that every step drafts what the live decoding drafted (`same drafts`), so it
-also tells whether a change to a drafter kept its drafts.
+first. The recorded logits, though, are read from memory rather than from a cache the forward has just
+filled, so a drafter that reads many verified rows a step (TR's 81) observes slower replayed than live.
+The replay checks that every step drafts what the live decoding drafted (`same drafts`), so it also tells
+whether a change to a drafter kept its drafts.
 
 `--lookup` times `propose` alone at a fixed context of real text (PLD's n-gram search over the whole
 context, REST's suffix-array lookup and trie) and, with --sweep, how it grows with the context.
