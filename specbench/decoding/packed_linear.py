@@ -9,7 +9,7 @@ where not, the compiled forward uses inductor's products (decoding/forward_choic
 a speed-up, never a requirement. Why it was written: docs/compiled-forward.md. The same extension
 carries our other CPU kernels, Token Recycling's: `row_summary.cpp` (the top k and normaliser of each
 verified row, drafting/row_summary.py), `tree_expansion.cpp` (its template expanded from the matrix,
-drafting/recycling.py) and `goodput_choice.cpp` (the goodput chooser's sub-tree, methods/tr/adaptive.py),
+drafting/recycling.py) and `goodput_choice.cpp` (the goodput chooser's estimates and sub-tree, methods/tr/adaptive.py),
 so a machine builds one extension, once.
 """
 

@@ -347,7 +347,7 @@ class Recycling:
             probs = (probs if keep is None else probs[keep]).numpy()
             kept[tokens] = probs
             if self.tables is not None:
-                self.tables[0][tokens], self.tables[1][tokens] = coupling_tables(probs, self.temperature)
+                self._refresh_tables(tokens)
 
     def observe(self, outcome: StepOutcome, nodes: tuple[int, ...] | None = None, counted: bool = True) -> None:
         """Learn from one step: count it (unless not `counted`), then write its rows."""
@@ -367,14 +367,15 @@ class Recycling:
         `write_rows`: the top k, the matrix, `written` and the probabilities written there, a token on
         several rows keeping its last row's), the coupling tables after it."""
         draft = outcome.draft
-        probs = torch.ops.specbench.write_rows(outcome.logits, outcome.root, None if draft is None else draft.tokens,
-                                               self.matrix, self.written, self.probs)
+        torch.ops.specbench.write_rows(outcome.logits, outcome.root, None if draft is None else draft.tokens,
+                                       self.matrix, self.written, self.probs)
         if self.tables is not None:
             tokens = [outcome.root] if draft is None else [outcome.root, *draft.tokens.tolist()]
-            last = {t: i for i, t in enumerate(tokens)}
-            rows = probs.numpy()[list(last.values())]
-            at = np.fromiter(last, dtype=np.int64, count=len(last))
-            self.tables[0][at], self.tables[1][at] = coupling_tables(rows, self.temperature)
+            self._refresh_tables(np.fromiter(dict.fromkeys(tokens), dtype=np.int64))
+
+    def _refresh_tables(self, tokens: np.ndarray) -> None:
+        """The coupling tables of rows `tokens` (each once) from the probabilities just written there."""
+        self.tables[0][tokens], self.tables[1][tokens] = coupling_tables(self.host[2][tokens], self.temperature)
 
     def _host_rows(self, outcome: StepOutcome) -> tuple[list[int], torch.Tensor]:
         """`rows` as a list of tokens, on the CPU."""
