@@ -12,8 +12,9 @@ the run's cost curve for this machine and forward, the position-keyed sampler at
 hot across questions after one warm-up question that is not counted). Every `propose` and `observe`
 call the engine makes is timed around the drafter's own code; the table gives the mean ms per step
 of each, their sum, and the median of the sum. A coupled drafter (tr_adaptive, tr_fused at T > 0) reads
-the sampler's position-keyed noise rows inside `propose`: rows the verifier draws for the same positions
-anyway and then finds drawn, so the cost moves rather than adds; the table shows it apart. The forward is eager unless --compiled; the drafter's
+the sampler's position-keyed noise inside `propose`: entry by entry where the sampler's kernel runs, else
+as whole rows the verifier draws for the same positions anyway and then finds drawn, so their cost moves
+rather than adds; the table shows those rows apart. The forward is eager unless --compiled; the drafter's
 inputs (tokens, the verified rows' logits) are the same either way.
 
 Each timed decoding is also recorded (every `propose`'s state and draft, every `observe`'s outcome) and
@@ -132,6 +133,8 @@ def same_draft(a, b) -> bool:
 
 def make_drafter(method: str, temperature: float, model, curve):
     sampler = PositionSampler(temperature, seed=0) if temperature > 0 else None
+    if sampler is not None:
+        sampler.prepare(model.device)
     target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=model.device, model=model,
                     model_name="smollm2-135m", dtype_name="float32", hardware_curve=curve, sampler=sampler)
     name, settings = parse_method(method)

@@ -178,6 +178,8 @@ def split(model, prompts, eos, name: str, dtype_name: str, args) -> dict:
     out = {"forward": engine.forward_name, "temperature": args.temperature}
     for method in filter(None, args.methods.split(",")):
         sampler = PositionSampler(args.temperature, seed=0) if args.temperature > 0 else None
+        if sampler is not None:
+            sampler.prepare(model.device)  # its kernel and table, before anything is timed
         try:
             drafter = build(method, model, name, dtype_name, curve, sampler)
         except Exception as e:  # noqa: BLE001 (a method that needs what this model lacks: a head, a datastore)

@@ -94,6 +94,8 @@ def main(argv=None) -> int:
     model, tok = load_model(mcfg, torch.device("cpu"), torch.float32)
     engine = Engine(model, eos_token_ids(model, tok), compiled=not args.eager)
     sampler = PositionSampler(args.temperature, seed=0) if args.temperature > 0 else None
+    if sampler is not None:
+        sampler.prepare(model.device)  # its kernel and table, before anything is timed
     target = Target(vocab_size=model.get_output_embeddings().weight.shape[0], device=model.device, model=model,
                     model_name="smollm2-135m", dtype_name="float32", hardware_curve=curve, sampler=sampler)
     drafters = {spec: cls(target, cls.Settings(**settings)) for spec, (cls, settings) in classes.items()}

@@ -92,6 +92,68 @@ def test_the_host_noise_equals_the_torch_noise_bit_for_bit():
                 assert torch.equal(host(key, position, vocab), gumbel_noise(key, torch.tensor([position]), vocab)[0])
 
 
+def test_the_noise_table_holds_each_uniforms_noise():
+    """`gumbel_table()[0][k]` is the noise of uniform index k (the hash's top 24 bits), bit for bit as a
+    drawn row has it; low and high bound each run of indices."""
+    from specbench.decoding import sampling
+
+    table, low, high = sampling.gumbel_table()
+    for key, position in ((0, 0), (2**32 - 1, 17), (99, 2**31 + 5)):
+        u = sampling.position_uniforms(key, torch.tensor([position]), 49152)[0]
+        index = (u * (1 << 24) - 0.5).round().long()  # u = (index + 0.5) / 2**24, exactly
+        assert torch.equal(table[index], sampling.gumbel_noise(key, torch.tensor([position]), 49152)[0])
+    runs = table.view(len(low), -1)
+    assert torch.equal(low, runs.amin(1)) and torch.equal(high, runs.amax(1))
+
+
+def keyed_cases():
+    """Rows as the verifier meets them, with the edges argmax has to agree on."""
+    g = torch.Generator().manual_seed(7)
+    for vocab in (7, 13, 1000, 49152):  # tails past the kernel's blocks of 8
+        for scale in (0.5, 3.0, 12.0, 40.0):  # flat rows (many entries in reach) to peaked ones
+            yield torch.randn(5, vocab, generator=g) * scale
+    x = (torch.randn(6, 2000, generator=g) * 2).round()  # ties in the score
+    x[:, 1000:] = x[:, :1000]
+    yield x
+    x = torch.randn(4, 3000, generator=g) * 5
+    x[0, torch.randperm(3000, generator=g)[:2900]] = float("-inf")  # top-k / top-p filtered
+    x[1] = float("-inf")  # nothing left: argmax says index 0
+    x[2, [5, 900]] = float("nan")  # the first NaN
+    x[3, [40, 41]] = float("inf")  # the first infinite score
+    yield x
+
+
+def test_the_keyed_kernel_samples_what_the_drawn_rows_do(packed_kernel):
+    """`sample_keyed` gives argmax(scores + gumbel_noise) row by row without drawing the rows: the same
+    index on flat and peaked rows, ties, filtered, NaN and infinite scores, repeated positions and keys
+    where the hash wraps."""
+    from specbench.decoding import sampling
+
+    table = sampling.gumbel_table()
+    for i, scores in enumerate(keyed_cases()):
+        for key in (0, 2**32 - 1, 12345 + i):
+            positions = [3, 3, 4] + list(range(2**31 - 1, 2**31 - 1 + scores.shape[0] - 3))
+            want = (scores + sampling.gumbel_noise(key, torch.tensor(positions), scores.shape[1])).argmax(dim=-1)
+            got = torch.ops.specbench.sample_keyed(scores.contiguous(), key, positions, *table)
+            assert torch.equal(got, want), (i, key)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (7, 0.9)])
+def test_the_sampler_samples_the_same_with_its_kernel_and_with_whole_rows(packed_kernel, monkeypatch, top_k, top_p):
+    from specbench.decoding import sampling
+
+    g = torch.Generator().manual_seed(9)
+    keyed = PositionSampler(0.7, top_k, top_p, seed=1)
+    monkeypatch.setenv(sampling.KERNEL_ENV, "off")
+    whole = PositionSampler(0.7, top_k, top_p, seed=1)
+    assert not whole.keyed()
+    monkeypatch.delenv(sampling.KERNEL_ENV)
+    assert keyed.keyed()
+    for positions in ([40], [41, 42, 42, 43, 43, 43], [44, 43, 44, 45, 43, 45]):
+        logits, pos = torch.randn(len(positions), 49152, generator=g) * 4, torch.tensor(positions)
+        assert torch.equal(keyed(logits, pos), whole(logits, pos))
+
+
 @pytest.fixture(scope="module")
 def small_vocab_model():
     torch.manual_seed(3)

@@ -63,6 +63,23 @@ def test_the_kernel_couples_as_numpy_does(packed_kernel, monkeypatch, temperatur
         assert c1[0] == 1 and (c1 >= 0).all() and (c1 <= 1).all()
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_keyed_noise_couples_as_its_drawn_rows_do(packed_kernel, temperature):
+    """The sampler's noise read entry by entry in the kernel (`expand_coupled_keyed`) orders every
+    parent's candidates as the rows drawn whole over the vocabulary do: the same tokens and confidences."""
+    from specbench.decoding.sampling import PositionSampler
+
+    r = filled(temperature=temperature)
+    sampler = PositionSampler(temperature, seed=4)
+    sampler.bind("q", 2)
+    assert sampler.keyed()
+    for root in range(0, 500, 17):
+        noise = sampler.keyed_noise([10 * root + d for d in range(r.template.max_depth)])
+        t1, c1 = r.expand_coupled(root, noise, temperature)
+        t2, c2 = r.expand_coupled(root, noise.rows(500), temperature)
+        assert torch.equal(t1, t2) and torch.equal(c1, c2)
+
+
 def test_the_kernel_refuses_a_tree_out_of_order(packed_kernel):
     r = filled()
     parents, rank, _ = r.host_nodes

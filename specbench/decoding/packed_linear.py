@@ -29,7 +29,7 @@ from torch import nn
 PANEL = 6  # output columns per panel, as in packed_linear.cpp
 SOURCE = os.path.join(os.path.dirname(__file__), "packed_linear.cpp")
 SOURCES = [SOURCE, *(os.path.join(os.path.dirname(__file__), f) for f in ("row_summary.cpp", "tree_expansion.cpp",
-                                                                             "goodput_choice.cpp"))]
+                                                                             "goodput_choice.cpp", "keyed_sampling.cpp"))]
 
 
 def available() -> bool:

@@ -9,11 +9,19 @@ SpecInfer's multi-draft rule), and the output is distributed exactly as the targ
 
 All nodes at one depth share a position and so one noise vector: a step needs (depth + 1)
 vocabulary-sized draws, made in one batched call on the model's device.
+
+On a CPU, where our kernels build, no row is drawn whole: the uniform's 24 bits index a table of every
+noise value (`gumbel_table`, the same floats), and `specbench::sample_keyed` (keyed_sampling.cpp) finds
+the row's winner from the hash and the table's per-run bounds, adding the exact noise only where it
+can win; TR's coupled drafts read the noise entry by entry the same way (`KeyedNoise`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -65,6 +73,48 @@ def _gumbel(u: torch.Tensor, dtype) -> torch.Tensor:
 
 def gumbel_noise(key: int, positions: torch.Tensor, vocab: int, dtype=torch.float32) -> torch.Tensor:
     return _gumbel(position_uniforms(key, positions, vocab), dtype)
+
+
+INDEX_BITS = 24  # the uniform's bits: (h >> 8) of a 32-bit hash
+RUN_BITS = 12  # `gumbel_table`'s bounds per run of 2**12 indices: 4,096 runs, 16 KB each, in L1
+KERNEL_ENV = "SPECBENCH_SAMPLING_KERNEL"  # "off": every noise row drawn whole, as on an accelerator
+
+
+@functools.cache
+def gumbel_table() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(table, low, high): the noise for each of the 2**24 uniforms the hash gives, made by `_gumbel`
+    itself (the same floats as a drawn row's; 64 MB, a fraction of a second, once per process), and
+    each run of 2**RUN_BITS indices' least and greatest value."""
+    n, chunk = 1 << INDEX_BITS, 1 << 20
+    table = torch.empty(n, dtype=torch.float32)
+    for start in range(0, n, chunk):  # in chunks: the float64 temporaries stay small
+        k = torch.arange(start, start + chunk, dtype=torch.int64)
+        table[start : start + chunk] = _gumbel(_uniforms(k << 8), torch.float32)
+    runs = table.view(-1, 1 << (INDEX_BITS - RUN_BITS))
+    return table, runs.amin(dim=1).contiguous(), runs.amax(dim=1).contiguous()
+
+
+def keyed_kernel_ready() -> bool:
+    """Whether this process samples on the host through `specbench::sample_keyed` (our CPU kernels
+    built: the first call builds them; SPECBENCH_SAMPLING_KERNEL=off draws whole rows instead)."""
+    if os.environ.get(KERNEL_ENV, "").lower() == "off":
+        return False
+    from specbench.decoding import packed_linear
+
+    return packed_linear.available() and packed_linear.build_problem() is None
+
+
+@dataclass(frozen=True)
+class KeyedNoise:
+    """The stream's noise at a few positions, read entry by entry (`expand_coupled_keyed`) or, on
+    numpy's path, as whole rows drawn by the sampler that made it."""
+
+    key: int
+    positions: tuple[int, ...]
+    sampler: "PositionSampler"
+
+    def rows(self, vocab: int) -> list[np.ndarray]:
+        return [self.sampler.noise_row(p, vocab) for p in self.positions]
 
 
 def _fmix32_host(h):
@@ -131,6 +181,21 @@ class PositionSampler:
         self._rows: dict[int, torch.Tensor] = {}
         self._rows_of: tuple | None = None
         self._host_noise = HostNoise()
+        self._keyed: bool | None = None  # sample_keyed on the host: decided at the first host call
+
+    def prepare(self, device) -> None:
+        """Build what host sampling needs (our kernels, the noise table) before anything is timed."""
+        if torch.device(device).type == "cpu":
+            self.keyed()
+
+    def keyed(self) -> bool:
+        """Whether host rows are sampled by `specbench::sample_keyed` (and `KeyedNoise` read entry by
+        entry); builds the table the first time."""
+        if self._keyed is None:
+            self._keyed = keyed_kernel_ready()
+            if self._keyed:
+                gumbel_table()
+        return self._keyed
 
     def bind(self, question_id, turn: int) -> None:
         self.key = stream_key(self.seed, question_id, turn)
@@ -143,6 +208,8 @@ class PositionSampler:
         dev = logits.device
         if positions.device.type == "cpu":
             at = positions.reshape(-1).tolist()
+            if dev.type == "cpu" and scores.dim() == 2 and self.keyed():
+                return torch.ops.specbench.sample_keyed(scores, self.key, at, *gumbel_table())
             vocab = scores.shape[-1]
             uniq = sorted(set(at))
             rows = dict(zip(uniq, self._noise(uniq, vocab, dev)))
@@ -161,6 +228,10 @@ class PositionSampler:
         """The stream's noise at one position on the host, a view of the row the verifier adds there
         (drawn once for both: tr/adaptive.py's coupled drafts read it before the verifier does)."""
         return self._noise([position], vocab, "cpu")[0].numpy()
+
+    def keyed_noise(self, positions: list[int]) -> KeyedNoise:
+        """The stream's noise at `positions` as coupled drafts read it (tr/adaptive.py)."""
+        return KeyedNoise(self.key, tuple(positions), self)
 
     def noise_rows(self, positions: list[int], vocab: int, device) -> torch.Tensor:
         """(len(positions), vocab): the stream's Gumbel noise at each position, equal to

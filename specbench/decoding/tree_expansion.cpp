@@ -15,6 +15,9 @@
 //     candidates ordered by -(log p / T + g) ascending (neg_log_p - g, ties by rank), g the noise row at
 //     the parent's depth; the confidence of a rank-0 node with p > 0 is exp(-exp(log_tail + score)),
 //     of any other node its probability (recycling.py, `coupled_expansion`).
+//   expand_coupled_keyed(matrix, probs, neg_log_p, log_tail, key, positions, table, parent, rank, depth, root):
+//     expand_coupled with the noise read entry by entry from the sampler's stream key and each depth's
+//     position (keyed_sampling.cpp), not from rows drawn over the whole vocabulary.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -22,7 +25,15 @@
 #include <cmath>
 #include <vector>
 
+namespace specbench {  // keyed_sampling.cpp: the position-keyed noise, entry by entry
+uint32_t noise_row_key(uint32_t key, int64_t position);
+float keyed_gumbel(const float* table, uint32_t row_key, int64_t token);
+}  // namespace specbench
+
 namespace {
+
+using specbench::keyed_gumbel;
+using specbench::noise_row_key;
 
 void check_tree(const at::Tensor& matrix, const at::Tensor& parent, const at::Tensor& rank, int64_t root) {
   TORCH_CHECK(matrix.dim() == 2 && matrix.scalar_type() == at::kInt && matrix.device().is_cpu() &&
@@ -65,10 +76,12 @@ std::tuple<at::Tensor, at::Tensor> expand_template(const at::Tensor& matrix, con
   return {tokens, conf};
 }
 
-std::tuple<at::Tensor, at::Tensor> expand_coupled(const at::Tensor& matrix, const at::Tensor& probs,
-                                                  const at::Tensor& neg_log_p, const at::Tensor& log_tail,
-                                                  at::TensorList noise, const at::Tensor& parent,
-                                                  const at::Tensor& rank, const at::Tensor& depth, int64_t root) {
+// Node by node, parents first; `noise(d, token)` is the target's noise at the position of depth d's parents.
+template <typename Noise>
+std::tuple<at::Tensor, at::Tensor> coupled(const at::Tensor& matrix, const at::Tensor& probs,
+                                           const at::Tensor& neg_log_p, const at::Tensor& log_tail,
+                                           int64_t depths, const Noise& noise, const at::Tensor& parent,
+                                           const at::Tensor& rank, const at::Tensor& depth, int64_t root) {
   check_tree(matrix, parent, rank, root);
   const int64_t vocab = matrix.size(0), k = matrix.size(1), n = parent.numel();
   for (const at::Tensor* x : {&probs, &neg_log_p})
@@ -79,15 +92,9 @@ std::tuple<at::Tensor, at::Tensor> expand_coupled(const at::Tensor& matrix, cons
   TORCH_CHECK(depth.scalar_type() == at::kLong && depth.sizes() == parent.sizes() && depth.is_contiguous(),
               "expand_coupled: depth must be shaped as parent");
   const int64_t* dp = depth.data_ptr<int64_t>();
-  std::vector<const float*> rows;
-  for (const at::Tensor& g : noise) {
-    TORCH_CHECK(g.scalar_type() == at::kFloat && g.numel() == vocab && g.is_contiguous(),
-                "expand_coupled: each noise row must be a contiguous float32 row of the vocabulary");
-    rows.push_back(g.data_ptr<float>());
-  }
   for (int64_t v = 1; v < n; ++v)
-    TORCH_CHECK(dp[v] >= 1 && dp[v] <= int64_t(rows.size()), "expand_coupled: no noise row for node ", v,
-                "'s parent (depth ", dp[v], ")");
+    TORCH_CHECK(dp[v] >= 1 && dp[v] <= depths, "expand_coupled: no noise for node ", v, "'s parent (depth ", dp[v],
+                ")");
   at::Tensor tokens = at::empty({n}, parent.options());
   at::Tensor conf = at::empty({n}, probs.options());
   const int32_t* m = matrix.data_ptr<int32_t>();
@@ -105,9 +112,8 @@ std::tuple<at::Tensor, at::Tensor> expand_coupled(const at::Tensor& matrix, cons
   for (int64_t v = 1; v < n; ++v) {
     const int64_t src = t[par[v]];
     const int32_t* cand = m + src * k;
-    const float* g = rows[dp[v] - 1];  // the noise at the parent's position
     for (int64_t j = 0; j < k; ++j) {
-      score[j] = nlp[src * k + j] - g[cand[j]];
+      score[j] = nlp[src * k + j] - noise(dp[v] - 1, cand[j]);
       order[j] = j;
     }
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] < score[b]; });
@@ -120,14 +126,46 @@ std::tuple<at::Tensor, at::Tensor> expand_coupled(const at::Tensor& matrix, cons
   return {tokens, conf};
 }
 
+std::tuple<at::Tensor, at::Tensor> expand_coupled(const at::Tensor& matrix, const at::Tensor& probs,
+                                                  const at::Tensor& neg_log_p, const at::Tensor& log_tail,
+                                                  at::TensorList noise, const at::Tensor& parent,
+                                                  const at::Tensor& rank, const at::Tensor& depth, int64_t root) {
+  std::vector<const float*> rows;
+  for (const at::Tensor& g : noise) {
+    TORCH_CHECK(g.scalar_type() == at::kFloat && g.numel() == matrix.size(0) && g.is_contiguous(),
+                "expand_coupled: each noise row must be a contiguous float32 row of the vocabulary");
+    rows.push_back(g.data_ptr<float>());
+  }
+  return coupled(matrix, probs, neg_log_p, log_tail, int64_t(rows.size()),
+                 [&](int64_t d, int32_t token) { return rows[d][token]; }, parent, rank, depth, root);
+}
+
+std::tuple<at::Tensor, at::Tensor> expand_coupled_keyed(const at::Tensor& matrix, const at::Tensor& probs,
+                                                        const at::Tensor& neg_log_p, const at::Tensor& log_tail,
+                                                        int64_t key, at::ArrayRef<int64_t> positions,
+                                                        const at::Tensor& table, const at::Tensor& parent,
+                                                        const at::Tensor& rank, const at::Tensor& depth, int64_t root) {
+  TORCH_CHECK(table.scalar_type() == at::kFloat && table.numel() == (int64_t(1) << 24) && table.is_contiguous(),
+              "expand_coupled_keyed: the table must hold 2^24 float32 values (sampling.py, gumbel_table)");
+  std::vector<uint32_t> row_keys;
+  for (int64_t p : positions) row_keys.push_back(noise_row_key(static_cast<uint32_t>(key), p));
+  const float* g = table.data_ptr<float>();
+  return coupled(matrix, probs, neg_log_p, log_tail, int64_t(row_keys.size()),
+                 [&](int64_t d, int32_t token) { return keyed_gumbel(g, row_keys[d], token); }, parent, rank,
+                 depth, root);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("expand_template(Tensor matrix, Tensor? probs, Tensor parent, Tensor rank, int root) -> (Tensor, Tensor)");
   m.def("expand_coupled(Tensor matrix, Tensor probs, Tensor neg_log_p, Tensor log_tail, Tensor[] noise, "
         "Tensor parent, Tensor rank, Tensor depth, int root) -> (Tensor, Tensor)");
+  m.def("expand_coupled_keyed(Tensor matrix, Tensor probs, Tensor neg_log_p, Tensor log_tail, int key, "
+        "int[] positions, Tensor table, Tensor parent, Tensor rank, Tensor depth, int root) -> (Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(specbench, CPU, m) {
   m.impl("expand_template", &expand_template);
   m.impl("expand_coupled", &expand_coupled);
+  m.impl("expand_coupled_keyed", &expand_coupled_keyed);
 }

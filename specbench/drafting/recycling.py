@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specbench.decoding.sampling import KeyedNoise, gumbel_table
 from specbench.decoding.transfers import on_host, to_device
 from specbench.draft import DraftTree, StepOutcome
 from specbench.drafting.recycling_statistics import RecyclingStatistics
@@ -263,17 +264,27 @@ class Recycling:
                 conf[idx] = probs[src, rank]
         return tokens, conf
 
-    def expand_coupled(self, root: int, noise: list[np.ndarray], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def expand_coupled(self, root: int, noise: KeyedNoise | list[np.ndarray],
+                       temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """`expand` with confidences, siblings in the order of the target's draw (`coupled_expansion`;
-        host only; in our kernel where it runs and the coupling tables are kept for this temperature)."""
+        host only; in our kernel where it runs and the coupling tables are kept for this temperature).
+        `noise`: per depth of the template its parents' noise, as rows or keyed (read entry by entry
+        where the sampler samples through its table)."""
         tables = self.tables if self.temperature == temperature else None
+        keyed = isinstance(noise, KeyedNoise)
         if tables is not None and kernel_ready():
             parents, rank, depth = self.host_nodes
+            tables = torch.from_numpy(tables[0]), torch.from_numpy(tables[1])
+            if keyed and noise.sampler.keyed():
+                return torch.ops.specbench.expand_coupled_keyed(
+                    self.matrix, self.probs, *tables, noise.key, list(noise.positions), gumbel_table()[0],
+                    parents, rank, depth, root)
+            rows = noise.rows(self.matrix.shape[0]) if keyed else noise
             return torch.ops.specbench.expand_coupled(
-                self.matrix, self.probs, torch.from_numpy(tables[0]), torch.from_numpy(tables[1]),
-                [torch.from_numpy(g) for g in noise], parents, rank, depth, root)
+                self.matrix, self.probs, *tables, [torch.from_numpy(g) for g in rows], parents, rank, depth, root)
+        rows = noise.rows(self.matrix.shape[0]) if keyed else noise
         tokens, conf = coupled_expansion(self.host[0], self.host[2], self.host_levels, root,
-                                         noise, temperature, tables)
+                                         rows, temperature, tables)
         return torch.from_numpy(tokens), torch.from_numpy(conf)
 
     # -- learning ----------------------------------------------------------------------------------

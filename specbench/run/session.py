@@ -91,6 +91,8 @@ class Session:
         self.band = self._rounding_band()
         self.curve = self._cost_curve()
         self.sampler: PositionSampler | None = make_sampler(self.cfg)
+        if self.sampler is not None:  # its kernel and noise table, before anything is timed
+            self.sampler.prepare(self.engine.device)
         self.write_config()
 
     def _rounding_band(self) -> dict | None:

@@ -161,8 +161,7 @@ class GoodputSubtree:
         """Template tokens (as `expand`) and, with `confidence`, each node's stored probability; coupled
         (`self.sampler`), siblings in the order of the target's draw at their parent's `position` on."""
         if self.sampler is not None:
-            vocab = self.source.matrix.shape[0]
-            noise = [self.sampler.noise_row(position + d, vocab) for d in range(self.tree.max_depth)]
+            noise = self.sampler.keyed_noise([position + d for d in range(self.tree.max_depth)])
             return self.source.expand_coupled(root, noise, self.sampler.temperature)
         return self.source.expand(root, self.confidence)
 
