@@ -9,6 +9,11 @@ path `row_argmax` takes on a CPU. Run it alone on the machine. The keyed kernel'
 entries of a row lie within reach of its best (--scale: the logits' spread; real rows: bench_drafting.py).
 
     python scripts/bench_sampling.py [--vocab 49152] [--threads 2]
+    python scripts/bench_sampling.py --real [--temperatures 0.7,1.0] [--threads 1]
+
+`--real` samples rows of the embedded SmolLM2-135M's own logits instead (every other position of the
+tests' six Spec-Bench prompts, one forward each): ms a row through `sample_keyed` against whole rows
+drawn (a new position each row, as a decoding meets them), the same tokens checked.
 """
 
 from __future__ import annotations
@@ -56,13 +61,52 @@ def tree_step_ms(vocab: int, reuse: bool, kernel: bool, scale: float, steps: int
     return (time.perf_counter() - t) / steps * 1e3
 
 
+def real_rows() -> torch.Tensor:
+    """Every other position's logits of the tests' six Spec-Bench prompts, on the embedded model."""
+    from pathlib import Path
+
+    from specbench.inputs.chat import prompt_ids
+    from specbench.inputs.models import load_model, named_model_config
+    from specbench.inputs.tasks import load_jsonl_questions, select_per_subtask
+
+    model, tok = load_model(named_model_config("smollm2-135m"), torch.device("cpu"), torch.float32)
+    sample = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "spec_bench_sample.jsonl"
+    rows = []
+    for q in select_per_subtask(load_jsonl_questions(sample), 1):
+        ids = torch.tensor([prompt_ids(tok, [{"role": "user", "content": q.turns[0]}])])
+        with torch.no_grad():
+            rows.append(model(ids).logits[0, ::2].float())
+    return torch.cat(rows)
+
+
+def real_ms(logits: torch.Tensor, temperature: float, kernel: bool) -> tuple[float, torch.Tensor]:
+    """ms a row sampling `logits` one row at a time, each at a new position, and the tokens."""
+    sampler = sampler_with(kernel)
+    sampler.temperature = temperature
+    positions = torch.arange(logits.shape[0])
+    sampler(logits[:1], positions[:1] + 10**6)  # first-call costs, at a position no row uses
+    t = time.perf_counter()
+    tokens = [sampler(logits[i : i + 1], positions[i : i + 1]) for i in range(logits.shape[0])]
+    return (time.perf_counter() - t) / logits.shape[0] * 1e3, torch.cat(tokens)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--scale", type=float, default=4.0, help="the random logits' standard deviation")
+    ap.add_argument("--real", action="store_true", help="rows of SmolLM2's own logits (module docstring)")
+    ap.add_argument("--temperatures", default="0.7,1.0", help="with --real")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.real:
+        logits = real_rows()
+        for temperature in map(float, args.temperatures.split(",")):
+            keyed, a = real_ms(logits, temperature, True)
+            whole, b = real_ms(logits, temperature, False)
+            print(f"T = {temperature}, {logits.shape[0]} rows of SmolLM2's logits: sample_keyed {keyed:.3f} ms a row, "
+                  f"whole rows drawn {whole:.3f} ms a row ({whole / keyed:.1f}x); the same tokens: {torch.equal(a, b)}")
+        return
     for k in (1, 4, 7):
         positions = torch.arange(100, 100 + k)
         print(f"gumbel_noise, {k} position(s) at once: {ms_per_call(lambda: gumbel_noise(1, positions, args.vocab)):.2f} ms")
