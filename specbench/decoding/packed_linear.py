@@ -10,6 +10,7 @@ a speed-up, never a requirement. Why it was written: docs/compiled-forward.md. T
 carries our other CPU kernels, Token Recycling's: `row_summary.cpp` (the top k and normaliser of each
 verified row, drafting/row_summary.py), `tree_expansion.cpp` (its template expanded from the matrix,
 drafting/recycling.py) and `goodput_choice.cpp` (the goodput chooser's estimates and sub-tree, methods/tr/adaptive.py),
+and the sampler's `keyed_sampling.cpp` (a sampled row's token without drawing its noise, decoding/sampling.py),
 so a machine builds one extension, once.
 """
 
