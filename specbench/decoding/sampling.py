@@ -106,10 +106,9 @@ def keyed_kernel_ready() -> bool:
 
 @dataclass(frozen=True)
 class KeyedNoise:
-    """The stream's noise at a few positions, read entry by entry (`expand_coupled_keyed`) or, on
-    numpy's path, as whole rows drawn by the sampler that made it."""
+    """The sampler's stream noise at a few positions, read entry by entry (`expand_coupled_keyed`, with
+    the sampler's key) or, on numpy's path, as whole rows the sampler draws."""
 
-    key: int
     positions: tuple[int, ...]
     sampler: "PositionSampler"
 
@@ -231,7 +230,7 @@ class PositionSampler:
 
     def keyed_noise(self, positions: list[int]) -> KeyedNoise:
         """The stream's noise at `positions` as coupled drafts read it (tr/adaptive.py)."""
-        return KeyedNoise(self.key, tuple(positions), self)
+        return KeyedNoise(tuple(positions), self)
 
     def noise_rows(self, positions: list[int], vocab: int, device) -> torch.Tensor:
         """(len(positions), vocab): the stream's Gumbel noise at each position, equal to

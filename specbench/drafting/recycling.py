@@ -277,7 +277,7 @@ class Recycling:
             tables = torch.from_numpy(tables[0]), torch.from_numpy(tables[1])
             if keyed and noise.sampler.keyed():
                 return torch.ops.specbench.expand_coupled_keyed(
-                    self.matrix, self.probs, *tables, noise.key, list(noise.positions), gumbel_table()[0],
+                    self.matrix, self.probs, *tables, noise.sampler.key, list(noise.positions), gumbel_table()[0],
                     parents, rank, depth, root)
             rows = noise.rows(self.matrix.shape[0]) if keyed else noise
             return torch.ops.specbench.expand_coupled(
