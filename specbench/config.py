@@ -118,6 +118,10 @@ class RunConfig:
     # with identical settings; shared: one AR directory per setting serves a sweep; none: no speedup
     baseline: str = "interleave"
     repeat: int = 0  # repeated runs of the same settings: N > 0 adds -rN to the results directory
+    # Multi-turn questions: false = each turn prefilled whole (Spec-Bench); true = a conversation's KV
+    # cache kept between its turns, each turn prefilling only what its prompt does not share with the
+    # last one (prefix caching, as vLLM serves an agent's session); AR and the method alike; adds -pc
+    prefix_cache: bool = False
     # t(w) behind every summary's speedup bound: auto = the profiled curve cached for this model, device,
     # dtype and forward, else a quick one measured at the start; off; or a curve JSON path
     cost_curve: Optional[str] = "auto"

@@ -213,3 +213,19 @@ def test_one_capacity_reserved_for_every_turn_of_the_run(tiny_llama):
     for n in (3, 400, 634):  # short and long turns alike take the reserved capacity (unreserved: 512, then 1024)
         engine.new_cache(n, 8)
     assert set(engine.compiled._caches) == kept and engine.compiled.recompiles() == 0
+
+
+def test_a_kept_prefix_on_the_static_cache_decodes_what_eager_decodes(tiny_llama, compiled_llama):
+    """Prefix caching on the compiled forward's static cache: the kept rows are cut back in place and
+    the rest of the prompt is written after them, at their positions."""
+    from specbench.decoding.engine import KeptPrefix
+
+    eager = Engine(tiny_llama, eos_token_ids=[])
+    for make in (Autoregressive, lambda: TokenRecycling(vocab_size=97)):
+        kept = KeptPrefix()
+        one = compiled_llama.generate(PROMPT, make(), 20, prefix=kept)
+        second = PROMPT + one.tokens[:-2] + [4, 4, 8, 15]
+        two = compiled_llama.generate(second, make(), 20, prefix=kept)
+        assert two.prefix_reused == len(PROMPT) + len(one.tokens) - 2
+        assert two.tokens == eager.generate(second, make(), 20).tokens
+        assert compiled_llama.compiled.recompiles() == 0

@@ -117,3 +117,41 @@ def test_eos_and_budget_stop_generation(tiny_llama):
     assert stop.tokens == full[: full.index(eos) + 1]
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.generate(prompt, Autoregressive(), 0)
+
+
+@pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_gemma"])
+@pytest.mark.parametrize("make", [Autoregressive, lambda: TokenRecycling(vocab_size=97)])
+def test_a_kept_prefix_decodes_what_a_whole_prefill_decodes(model_name, make, request):
+    """Prefix caching across a conversation's turns: turn 2 prefills only what its prompt does not
+    share with turn 1's prompt and answer, and decodes the same tokens as a turn prefilled whole."""
+    from specbench.decoding.engine import KeptPrefix
+
+    model = request.getfixturevalue(model_name)
+    engine = Engine(model, eos_token_ids=[])
+    first = list(range(3, 40))
+    kept = KeptPrefix()
+    one = engine.generate(first, make(), 24, prefix=kept)
+    assert one.prefix_reused == 0 and one.tokens == engine.generate(first, make(), 24).tokens
+    assert kept.tokens == first + one.tokens[:-1]  # the last token is the next root: not in the cache
+    # the answer comes back re-encoded with a different last token, then the next user turn
+    second = first + one.tokens[:-3] + [7, 8, 9, 10, 11, 12]
+    two = engine.generate(second, make(), 24, prefix=kept)
+    assert two.prefix_reused == len(first) + len(one.tokens) - 3
+    assert two.tokens == engine.generate(second, make(), 24).tokens
+    third = [3, 4, 5] + [50] * 10  # sharing three tokens only
+    assert engine.generate(third, make(), 8, prefix=kept).prefix_reused == 3
+
+
+def test_a_kept_prefix_keeps_the_prompts_last_token_to_prefill(tiny_llama):
+    from specbench.decoding.engine import KeptPrefix, shared_prefix
+
+    assert shared_prefix([1, 2, 3, 4], [1, 2, 3, 4]) == 3  # the last prompt token is always prefilled
+    assert shared_prefix([1, 2, 3, 4], [1, 2, 9, 4, 5]) == 2
+    assert shared_prefix([], [1, 2]) == 0 and shared_prefix([5], [1, 2]) == 0
+    engine = Engine(tiny_llama, eos_token_ids=[])
+    kept = KeptPrefix()
+    prompt = list(range(3, 30))
+    engine.generate(prompt, Autoregressive(), 5, prefix=kept)
+    again = engine.generate(prompt, Autoregressive(), 5, prefix=kept)  # the same prompt again
+    assert again.prefix_reused == len(prompt) - 1
+    assert again.tokens == engine.generate(prompt, Autoregressive(), 5).tokens

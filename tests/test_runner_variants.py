@@ -104,3 +104,45 @@ def test_table_footer_says_what_to_try_when_tr_is_slow():
     assert "method=tr_adaptive" in format_table(summary).splitlines()[-1]
     summary["speedup"]["overall"] = 1.2
     assert "tr_adaptive" not in format_table(summary)
+
+
+def test_prefix_cache_keeps_a_conversation_between_its_turns(real_model, tmp_path):
+    """prefix_cache=true: turn 2 of a two-turn question prefills only what turn 1 did not leave in the
+    cache, for AR and the method alike, and answers what a run prefilling every turn whole answers."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from specbench.main import run_benchmark
+    from tests.test_config import CONF
+
+    def run(*extra):
+        with initialize_config_dir(config_dir=CONF, version_base=None):
+            c = OmegaConf.to_container(compose("config", overrides=[
+                "method=pld", "task.subtasks=[mt]", "task.limit=1", "max_new_tokens=16", "warmup=0",
+                f"results_root={tmp_path}", "progress=false", "cost_curve=off", *extra]), resolve=True)
+        summary = run_benchmark(c)
+        assert summary["lossless"]["mismatches"] == 0 and main_exit_code(summary, c) == 0
+        folder = summary["results_dir"]
+        return folder, [[json.loads(line) for line in open(f"{folder}/{name}.jsonl")]
+                        for name in ("answers", "baseline_answers")]
+
+    folder, kept = run("prefix_cache=true")
+    whole_folder, whole = run()
+    assert folder.endswith("pld-t0-m16-pc") and whole_folder.endswith("pld-t0-m16")
+    for answers in kept:
+        (one, two), = [r["turns"] for r in answers]
+        assert one["prefix_reused"] == 0 and two["prefix_reused"] > one["input_tokens"]
+    for answers, plain in zip(kept, whole):
+        assert [t["token_ids"] for t in answers[0]["turns"]] == [t["token_ids"] for t in plain[0]["turns"]]
+        assert "prefix_reused" not in plain[0]["turns"][1]
+
+
+def test_prefix_cache_is_refused_where_it_cannot_apply():
+    from specbench.run.plan import plan_run
+
+    with pytest.raises(SettingsError, match="hidden states of every prompt row"):
+        plan_run(_cfg("method=eagle", "prefix_cache=true"))
+    with pytest.raises(SettingsError, match="prefill_update=true"):
+        plan_run(_cfg("method=tr", "method.prefill_update=true", "prefix_cache=true"))
+    with pytest.raises(SettingsError, match="prefix_cache"):
+        plan_run(_cfg("method=pld", "batch_size=2", "prefix_cache=true"))

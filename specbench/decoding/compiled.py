@@ -223,6 +223,11 @@ class CompiledForward:
             layer.cumulative_length.zero_()
         return cache
 
+    def fits(self, cache: Cache, prompt_len: int, max_new: int) -> bool:
+        """Whether a turn of this prompt and budget runs on `cache` as it is (a kept conversation's
+        cache, engine.KeptPrefix) with the margin cache_for would give it."""
+        return prompt_len + max_new + self.margin <= cache_capacity(cache)
+
     def _cache_of(self, capacity: int) -> Cache:
         """A cache over this capacity's layers (a new object each time: a grown turn swaps its layers
         out, and the kept ones must stay)."""

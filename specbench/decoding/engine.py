@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from specbench.draft import Draft, DraftTree, StepOutcome
-from specbench.drafter import Drafter, reads_hidden_states
+from specbench.drafter import Drafter, reads_hidden_states, reads_prompt_logits
 from specbench.decoding.kv_cache import compact_kv_cache, with_cache
 from specbench.decoding.masks import tree_attention_mask
 from specbench.decoding.step import (ModelFacts, PhaseClock, TreeTensorCache, check_context, cut_at_stop,
@@ -44,10 +44,33 @@ class TurnResult:
     # the turn's decoding time by phase (step.PHASES): seconds summed over its steps
     phase_seconds: dict[str, float] = field(default_factory=dict)
     kv_cache_bytes: int | None = None  # the cache at the turn's end, where generate was given measure_cache
+    prefix_reused: int = 0  # prompt tokens whose rows came from the conversation's kept cache (KeptPrefix)
 
     @property
     def new_tokens(self) -> int:
         return len(self.tokens)
+
+
+@dataclass
+class KeptPrefix:
+    """One conversation's KV cache kept from turn to turn, as a serving engine with prefix caching keeps
+    it (vLLM's automatic prefix caching): a turn prefills only the prompt past the longest prefix it
+    shares with `tokens`, the decided tokens whose rows the cache holds. Owned by whoever runs the
+    conversation (run/question_loop.py: one per question and drafter), never shared between drafters."""
+
+    tokens: list[int] = field(default_factory=list)
+    cache: object = None
+
+
+def shared_prefix(kept: list[int], prompt: list[int]) -> int:
+    """How many of `prompt`'s tokens a cache holding `kept` can serve: their common prefix, less one,
+    so that the prompt's last token is always prefilled (its logits choose the first new token)."""
+    n = 0
+    for a, b in zip(kept, prompt[:-1]):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 class Engine:
@@ -93,6 +116,19 @@ class Engine:
             except Exception as e:  # inductor, its compiler, our kernel: none may take the run down
                 self._fall_back_to_eager(e)
         return DynamicCache()
+
+    def _turn_cache(self, prefix: KeptPrefix | None, prompt_ids: list[int], max_new_tokens: int,
+                    hidden: bool) -> tuple[object, int]:
+        """(the turn's cache, how many prompt tokens it already holds): the kept conversation's cache
+        cut back to the prefix this prompt shares with it, where there is one and it has room; else a
+        new cache."""
+        if prefix is not None and prefix.cache is not None:
+            reused = shared_prefix(prefix.tokens, prompt_ids)
+            room = self.compiled is None or self.compiled.fits(prefix.cache, len(prompt_ids), max_new_tokens)
+            if reused and room:
+                compact_kv_cache(prefix.cache, reused, [])  # a crop: the rows past the shared prefix go
+                return prefix.cache, reused
+        return self.new_cache(len(prompt_ids), max_new_tokens, hidden), 0
 
     @property
     def forward_name(self) -> str:
@@ -193,20 +229,26 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], drafter: Drafter, max_new_tokens: int,
-                 sampler: Callable | None = None, measure_cache: Callable | None = None) -> TurnResult:
+                 sampler: Callable | None = None, measure_cache: Callable | None = None,
+                 prefix: KeptPrefix | None = None) -> TurnResult:
         """Decode one turn. `sampler(logits, positions) -> tokens` replaces the argmax when sampling;
         `positions` are the absolute positions of the rows, which key its randomness.
         `measure_cache(cache) -> bytes` (run/memory.py) sizes the turn's cache once the clock stops:
-        the cache lives only in here, and the run's layer is not the engine's to import."""
+        the cache lives only in here, and the run's layer is not the engine's to import.
+        `prefix`: the conversation's kept cache (prefix caching); the turn prefills only what its
+        prompt does not share with it, and leaves its own cache there for the next turn."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         check_context(self.context_length, max_new_tokens, self.model, len(prompt_ids))
+        if prefix is not None and (reads_hidden_states(drafter) or reads_prompt_logits(drafter)):
+            raise ValueError(f"{type(drafter).__name__} reads the whole prompt's hidden states or logits: "
+                             "a turn on a kept prefix computes only the rest (run/plan.py refuses such runs)")
         dev = self.device
         turn = _Turn(drafter, sampler or greedy_targets, token_buffer(prompt_ids, max_new_tokens),
                      len(prompt_ids), max_new_tokens, reads_hidden_states(drafter))
-        cache = self.new_cache(turn.cur, max_new_tokens, turn.hidden)
+        cache, reused = self._turn_cache(prefix, prompt_ids, max_new_tokens, turn.hidden)
         t0 = now(dev)
-        first, out = prefill(self.model, turn.buf[: turn.cur], cache, turn.select, drafter, dev)
+        first, out = prefill(self.model, turn.buf[reused : turn.cur], cache, turn.select, drafter, dev, start=reused)
         t_prefill = now(dev) - t0
         observe_prefill(drafter, out)
         turn.emit([first])
@@ -220,7 +262,10 @@ class Engine:
         wall = now(dev) - t0
         r = turn.result
         r.wall_time, r.prefill_time, r.forward_time, r.phase_seconds = wall, t_prefill, self.forward_time, clock.totals
+        r.prefix_reused = reused
         r.kv_cache_bytes = measure_cache(cache) if measure_cache is not None else None
+        if prefix is not None:  # the cache holds the rows of every decided token but the last (the next root)
+            prefix.tokens, prefix.cache = turn.buf[: turn.cur - 1].tolist(), cache
         return r
 
     def _step(self, turn: "_Turn", cache, clock: "PhaseClock") -> None:

@@ -104,10 +104,11 @@ def token_buffer(prompt_ids: list[int], max_new_tokens: int) -> torch.Tensor:
     return buf
 
 
-def prefill(model, prompt: torch.Tensor, cache, select: Callable, drafter: Drafter, device):
+def prefill(model, prompt: torch.Tensor, cache, select: Callable, drafter: Drafter, device, start: int = 0):
     """Run the prompt through `model` into `cache` (batch 1) and choose the first new token.
 
-    prompt: (n,) long on the host. Returns (first token, the model's output), whose `hidden_states`
+    prompt: (n,) long on the host; `start`: the prompt tokens before it, whose rows `cache` holds
+    already (a kept prefix: then the drafter may not want the prompt's logits, engine.generate). Returns (first token, the model's output), whose `hidden_states`
     are there when the drafter wants them (observe_prefill). A drafter that wants the prompt's logits
     gets them here (observe_prompt): the earlier rows' from their hidden states (post-norm) through
     the output head, so the last row, which chose the first token, stays exactly the one plain
@@ -116,7 +117,7 @@ def prefill(model, prompt: torch.Tensor, cache, select: Callable, drafter: Draft
     want_prompt = reads_prompt_logits(drafter)
     out = model(input_ids=prompt[None].to(device), **with_cache(model, cache), use_cache=True,
                 logits_to_keep=1, output_hidden_states=reads_hidden_states(drafter) or want_prompt)
-    first = first_token(select(out.logits[0, -1:], torch.full((1,), n - 1)), out.logits[0, -1], model, prompt)
+    first = first_token(select(out.logits[0, -1:], torch.full((1,), start + n - 1)), out.logits[0, -1], model, prompt)
     if want_prompt:
         head = model.get_output_embeddings()
         drafter.observe_prompt(prompt, torch.cat([head(out.hidden_states[-1][0, :-1]), out.logits[0, -1:]]))

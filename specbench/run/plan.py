@@ -50,7 +50,7 @@ def results_dir_for(cfg: RunConfig, method: str) -> Path:
     task = (t.name + (f"-{'+'.join([subtasks] if isinstance(subtasks, str) else subtasks)}" if subtasks else "")
             + (f"-ps{t.per_subtask}" if t.per_subtask else "") + (f"-l{t.limit}" if t.limit else ""))
     filt = (f"-k{cfg.top_k}" if cfg.top_k else "") + (f"-p{cfg.top_p:g}" if cfg.top_p < 1 else "")
-    rep = f"-r{cfg.repeat}" if cfg.repeat else ""  # repeated runs: -r1, -r2, ...
+    rep = ("-pc" if cfg.prefix_cache else "") + (f"-r{cfg.repeat}" if cfg.repeat else "")  # repeated runs: -r1, -r2, ...
     # a half-precision run beside its float32 twin (a dtype sweep): -bf16, -fp16; float32 and auto
     # keep the names every committed result has
     rep = {"bfloat16": "-bf16", "float16": "-fp16"}.get(cfg.dtype, "") + rep
@@ -117,6 +117,7 @@ def identity(plan: RunPlan) -> dict:
         # a GPU's answers and timings are its own: an A100's AR never pairs with an H100's method
         **({"device_name": plan.device_name} if cfg.device.startswith("cuda") else {}),
         "seed": cfg.seed,
+        **({"prefix_cache": True} if cfg.prefix_cache else {}),  # turns on a kept cache (older runs: no key)
         # answers from the compiled forward are kept apart from eager ones (older runs: eager, no key)
         **({"forward": plan.forward} if plan.forward != "eager" else {}),
         # the code, the questions' contents, whether answers were checked and the machine's thread count:
@@ -193,6 +194,8 @@ def plan_run(given) -> RunPlan:
     questions = tuple(load_task(cfg.task))  # the question file: there and well-formed (file and line named)
     method.check_settings(cfg.method_settings, {"model_name": cfg.model.name, "device": cfg.device,
                                                 "dtype_name": dtype})
+    if cfg.prefix_cache:
+        check_prefix_cache(method, cfg.method_settings)
     planned = planned_forward(cfg.compile, cfg.compile_products, device, resolve_dtype(dtype))
     if cfg.cost_curve not in (*NO_CURVE, "auto"):
         check_curve_file(cfg.cost_curve, planned)  # measured on the forward the settings ask for
@@ -213,6 +216,21 @@ def plan_run(given) -> RunPlan:
         print(f"warning: cost_curve {cfg.cost_curve} was measured on another forward: this run measures "
               "a quick curve on its own", file=sys.stderr)
     return plan.stepped_down(choice.name)
+
+
+def check_prefix_cache(method: type, settings: dict) -> None:
+    """prefix_cache=true, refused for a method that reads the whole prompt's hidden states (EAGLE,
+    Medusa) or logits (TR's and SAMD's prefill_update): a turn on a kept prefix computes only its new rows."""
+    from specbench.drafter import ReadsHiddenStates, ReadsPromptLogits
+
+    name = getattr(method, "name", method.__name__)
+    if issubclass(method, ReadsHiddenStates):
+        raise SettingsError(f"prefix_cache=true: method {name} reads the hidden states of every prompt row, "
+                            "which a turn on a kept prefix does not compute; set prefix_cache=false")
+    if issubclass(method, ReadsPromptLogits) and getattr(method.Settings(**settings), "prefill_update", True):
+        raise SettingsError(f"prefix_cache=true: method {name} with prefill_update=true reads the logits of "
+                            "every prompt row, which a turn on a kept prefix does not compute; set "
+                            "method.prefill_update=false or prefix_cache=false")
 
 
 def checked_settings(given) -> RunConfig:

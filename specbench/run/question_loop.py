@@ -7,7 +7,7 @@ of the machine (thermal, other load) from favouring either side.
 
 from __future__ import annotations
 
-from specbench.decoding.engine import Engine
+from specbench.decoding.engine import Engine, KeptPrefix
 from specbench.decoding.sampling import PositionSampler
 from specbench.inputs.chat import answer_text, opening, prompt_ids
 from specbench.inputs.questions import Question
@@ -18,9 +18,12 @@ from specbench.run.session import Session
 
 
 def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str, max_new: int,
-                 sampler: PositionSampler | None = None) -> dict:
-    """All turns of one question; turn 2 sees the model's own turn-1 answer, as in Spec-Bench."""
+                 sampler: PositionSampler | None = None, prefix_cache: bool = False) -> dict:
+    """All turns of one question; turn 2 sees the model's own turn-1 answer, as in Spec-Bench.
+    `prefix_cache`: the question's KV cache kept from turn to turn (engine.KeptPrefix), this drafter's
+    own: each turn prefills only what it adds."""
     drafter.start_question()
+    kept = KeptPrefix() if prefix_cache else None
     messages = opening(q)  # a system prompt where the question has one (an agent's tool descriptions)
     turns = []
     shared = memory.target_parts(engine.model)  # the target's weights are no drafter's state
@@ -30,12 +33,13 @@ def run_question(engine: Engine, drafter, tokenizer, q: Question, template: str,
         ids = prompt_ids(tokenizer, messages, template)
         if sampler is not None:
             sampler.bind(q.question_id, turn_idx)
-        r = engine.generate(ids, drafter, max_new, sampler, measure_cache=memory.kv_cache_bytes)
+        r = engine.generate(ids, drafter, max_new, sampler, measure_cache=memory.kv_cache_bytes, prefix=kept)
         answer = answer_text(tokenizer, r.tokens)  # as Spec-Bench keeps it for turn 2
         messages.append({"role": "assistant", "content": answer})
         turns.append({
             "prompt_ids": ids, "input_tokens": len(ids), "output": answer, "token_ids": r.tokens,
             "new_tokens": r.new_tokens, "wall_time": r.wall_time, "prefill_time": r.prefill_time,
+            **({"prefix_reused": r.prefix_reused} if kept is not None else {}),
             "decoding_steps": r.decoding_steps, "accept_lengths": r.accept_lengths, "step_rows": r.step_rows,
             "step_drafted": r.step_drafted, "step_times": r.step_times,
             # the drafter's host seconds per step, propose and observe apart, where the engine measured them
@@ -56,13 +60,13 @@ def timed_answer(session: Session, drafter, q: Question) -> dict:
     cfg = session.cfg
     with session.timing.timed() as load:
         rec = run_question(session.engine, drafter, session.tok, q, cfg.model.chat_template, cfg.max_new_tokens,
-                           session.sampler)
+                           session.sampler, cfg.prefix_cache)
     rec["timing"] = load
     return rec
 
 
 def warm_up(count: int, on: str, engine: Engine, drafters: list, tok, questions: list[Question], template: str,
-            max_new: int, sampler: PositionSampler | None) -> None:
+            max_new: int, sampler: PositionSampler | None, prefix_cache: bool = False) -> None:
     """`count` (the `warmup` setting) generations per drafter before anything is timed, on what
     `warmup_on` names.
 
@@ -74,7 +78,7 @@ def warm_up(count: int, on: str, engine: Engine, drafters: list, tok, questions:
     warm_q = questions[0] if first else WARMUP_QUESTION
     for _ in range(count):
         for d in drafters:
-            run_question(engine, d, tok, warm_q, template, max_new, sampler)
+            run_question(engine, d, tok, warm_q, template, max_new, sampler, prefix_cache)
     if not first:
         for d in drafters:
             d.reset()

@@ -75,6 +75,9 @@ def check_serving(cfg: RunConfig) -> None:
     if cfg.baseline not in ("interleave", "none"):
         raise SettingsError(f"batched runs time batched AR beside the method in the same process; set "
                             f"baseline=interleave (or none), got '{cfg.baseline}'")
+    if cfg.prefix_cache:
+        raise SettingsError("serving runs decode each question's first turn as one request: prefix_cache "
+                            "(a conversation's cache kept between its turns) does not apply; set prefix_cache=false")
 
 
 def _number(value, name: str, integer: bool = False):

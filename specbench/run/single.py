@@ -47,7 +47,7 @@ def run_single(plan: RunPlan) -> Finished:
             with session.timing.timed():
                 warm_up(cfg.warmup, cfg.warmup_on, session.engine, [ar] if plan.method == "ar" else [ar, drafter],
                         session.tok, session.questions, cfg.model.chat_template, cfg.max_new_tokens,
-                        session.sampler)
+                        session.sampler, cfg.prefix_cache)
         answer_questions(session, baseline, drafter if plan.method != "ar" else ar, ar, done)
         finished = finish(session, baseline, drafter, done)
         session.handover()  # the folder let go; the timing guard (finished.device) stays held for the reports
