@@ -295,6 +295,10 @@ within SmolLM2's 8,192.
 | --- | --- | --- | --- | --- | --- |
 {rows}
 
+Each turn is prefilled whole by default, as Spec-Bench's multi-turn questions are; `prefix_cache=true`
+keeps a session's KV cache from turn to turn, as a serving engine does, so that a turn prefills only
+what it adds ([docs/protocol.md](../../docs/protocol.md#prefix-caching)).
+
 ## Sources and licence
 
 The standard library of Python {python} and its tests (`Lib/test/`), Python Software Foundation

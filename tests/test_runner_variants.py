@@ -135,6 +135,9 @@ def test_prefix_cache_keeps_a_conversation_between_its_turns(real_model, tmp_pat
     for answers, plain in zip(kept, whole):
         assert [t["token_ids"] for t in answers[0]["turns"]] == [t["token_ids"] for t in plain[0]["turns"]]
         assert "prefix_reused" not in plain[0]["turns"][1]
+    from specbench.report.collect import load_runs, run_meta
+
+    assert sorted(run_meta(r)["task"] for r in load_runs(tmp_path) if r.method == "pld") == ["mini", "mini-pc"]
 
 
 def test_prefix_cache_is_refused_where_it_cannot_apply():

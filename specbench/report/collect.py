@@ -97,6 +97,8 @@ def run_meta(run: Run) -> dict:
     task = ident.get("task") or saved.get("task", {}).get("name")
     if ident.get("per_subtask"):
         task = f"{task}-ps{ident['per_subtask']}"
+    if ident.get("prefix_cache"):  # turns on a kept cache: another protocol, never averaged with whole prefills
+        task = f"{task}-pc"
     checks = [r["lossless"] for r in run.records if r.get("lossless", {}).get("status", "unchecked") != "unchecked"]
     lossless = tally(checks)
     return {
