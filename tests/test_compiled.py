@@ -225,7 +225,8 @@ def test_a_kept_prefix_on_the_static_cache_decodes_what_eager_decodes(tiny_llama
         kept = KeptPrefix()
         one = compiled_llama.generate(PROMPT, make(), 20, prefix=kept)
         second = PROMPT + one.tokens[:-2] + [4, 4, 8, 15]
+        compiled = compiled_llama.compiled.recompiles()  # other tests on this engine may have compiled shapes
         two = compiled_llama.generate(second, make(), 20, prefix=kept)
+        assert compiled_llama.compiled.recompiles() == compiled  # the kept cache takes the graphs it had
         assert two.prefix_reused == len(PROMPT) + len(one.tokens) - 2
         assert two.tokens == eager.generate(second, make(), 20).tokens
-        assert compiled_llama.compiled.recompiles() == 0
