@@ -108,11 +108,11 @@ def prefill(model, prompt: torch.Tensor, cache, select: Callable, drafter: Draft
     """Run the prompt through `model` into `cache` (batch 1) and choose the first new token.
 
     prompt: (n,) long on the host; `start`: the prompt tokens before it, whose rows `cache` holds
-    already (a kept prefix: then the drafter may not want the prompt's logits, engine.generate). Returns (first token, the model's output), whose `hidden_states`
-    are there when the drafter wants them (observe_prefill). A drafter that wants the prompt's logits
-    gets them here (observe_prompt): the earlier rows' from their hidden states (post-norm) through
-    the output head, so the last row, which chose the first token, stays exactly the one plain
-    decoding computes (logits_to_keep=1)."""
+    already (a kept prefix: then the drafter may not want the prompt's logits, engine.generate).
+    Returns (first token, the model's output), whose `hidden_states` are there when the drafter wants
+    them (observe_prefill). A drafter that wants the prompt's logits gets them here (observe_prompt):
+    the earlier rows' from their hidden states (post-norm) through the output head, so the last row,
+    which chose the first token, stays exactly the one plain decoding computes (logits_to_keep=1)."""
     n = prompt.shape[0]
     want_prompt = reads_prompt_logits(drafter)
     out = model(input_ids=prompt[None].to(device), **with_cache(model, cache), use_cache=True,

@@ -50,7 +50,8 @@ def results_dir_for(cfg: RunConfig, method: str) -> Path:
     task = (t.name + (f"-{'+'.join([subtasks] if isinstance(subtasks, str) else subtasks)}" if subtasks else "")
             + (f"-ps{t.per_subtask}" if t.per_subtask else "") + (f"-l{t.limit}" if t.limit else ""))
     filt = (f"-k{cfg.top_k}" if cfg.top_k else "") + (f"-p{cfg.top_p:g}" if cfg.top_p < 1 else "")
-    rep = ("-pc" if cfg.prefix_cache else "") + (f"-r{cfg.repeat}" if cfg.repeat else "")  # repeated runs: -r1, -r2, ...
+    # a kept cache between turns (prefix_cache): -pc; repeated runs: -r1, -r2, ...
+    rep = ("-pc" if cfg.prefix_cache else "") + (f"-r{cfg.repeat}" if cfg.repeat else "")
     # a half-precision run beside its float32 twin (a dtype sweep): -bf16, -fp16; float32 and auto
     # keep the names every committed result has
     rep = {"bfloat16": "-bf16", "float16": "-fp16"}.get(cfg.dtype, "") + rep
