@@ -24,7 +24,11 @@ forward runs on the device; live, each CPU forward streams the model's weights t
 first. The recorded logits, though, are read from memory rather than from a cache the forward has just
 filled, so a drafter that reads many verified rows a step (TR's 81) observes slower replayed than live.
 The replay checks that every step drafts what the live decoding drafted (`same drafts`), so it also tells
-whether a change to a drafter kept its drafts.
+whether a change to a drafter kept its drafts. With `--evict-mb N` a second replay reads N MB of memory
+before each `observe`, untimed, where live the forward runs, and then the verified rows' logits (the
+forward's output, in the caches live): the drafter's own data then starts each call as cold as live,
+so that replay tells how much of the gap between live and replayed is the drafter's data evicted by the
+forward (the rest: the forward's own code and Python's evicting the drafter's instructions).
 
 `--lookup` times `propose` alone at a fixed context of real text (PLD's n-gram search over the whole
 context, REST's suffix-array lookup and trie) and, with --sweep, how it grows with the context.
@@ -152,9 +156,10 @@ def per_step_ms(times: dict, steps: int) -> dict:
 
 
 def replay(method: str, temperature: float, model, engine, curve, questions, max_new: int, profiler=None,
-           events: list | None = None) -> dict:
+           events: list | None = None, evict_mb: int = 0) -> dict:
     """Decode every question with one hot drafter, the first untimed; ms per step of its calls, live and
-    replayed (`replay_recorded`; the recorded calls into `events` when given)."""
+    replayed (`replay_recorded`; the recorded calls into `events` when given; with `evict_mb`, replayed
+    again with the data caches swept before each `observe`)."""
     drafter, sampler = make_drafter(method, temperature, model, curve)
     times: dict[str, list[float]] = {"propose": [], "observe": [], "noise": []}
     events = [] if events is None else events
@@ -178,14 +183,18 @@ def replay(method: str, temperature: float, model, engine, curve, questions, max
             steps += len(out.accept_lengths)
             tokens += len(out.tokens)
     again = replay_recorded(method, temperature, model, curve, events)
+    evicted = replay_recorded(method, temperature, model, curve, events, evict_mb) if evict_mb else {}
     return {"method": method, "temperature": temperature, "steps": steps, "mat": tokens / max(steps, 1),
-            **per_step_ms(times, steps), **{f"replay_{k}": v for k, v in again.items()}}
+            **per_step_ms(times, steps), **{f"replay_{k}": v for k, v in again.items()},
+            **{f"evicted_{k}": v for k, v in evicted.items()}}
 
 
-def replay_recorded(method: str, temperature: float, model, curve, events: list) -> dict:
+def replay_recorded(method: str, temperature: float, model, curve, events: list, evict_mb: int = 0) -> dict:
     """The recorded calls into a fresh drafter, back to back: ms per step as `replay`'s, and how many
-    steps drafted what the live decoding drafted (all of them, or the replay is not that decoding)."""
+    steps drafted what the live decoding drafted (all of them, or the replay is not that decoding).
+    `evict_mb`: read that much memory before each `observe`, untimed (where live the forward runs)."""
     drafter, sampler = make_drafter(method, temperature, model, curve)
+    sweep = np.ones(evict_mb << 18, dtype=np.float32) if evict_mb else None
     times: dict[str, list[float]] = {"propose": [], "observe": [], "noise": []}
     same = steps = 0
     draft = None
@@ -208,6 +217,9 @@ def replay_recorded(method: str, temperature: float, model, curve, events: list)
             same += timed and same_draft(draft, recorded)
         else:  # the engine verified no draft for an empty tree: the outcome says which it was
             outcome = event[1]
+            if sweep is not None:
+                sweep.sum()  # every cache line of it through the caches, evicting the drafter's data
+                outcome.logits.sum()  # then the verified rows, which live the forward has just written
             drafter.observe(replace(outcome, draft=None if outcome.draft is None else draft))
     return {**per_step_ms(times, steps), "same_drafts": same, "steps": steps}
 
@@ -224,8 +236,10 @@ def replay_all(args) -> list[dict]:
     rows = []
     print("| method | T | TR kernels | steps | MAT | propose ms/step | of which noise rows | observe ms/step "
           "| total ms/step | total less noise rows | median total ms | replayed: propose | observe "
-          "| total less noise rows | same drafts |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "| total less noise rows | same drafts |" + (" replayed, caches swept: total less noise rows |"
+                                                     if args.evict_mb else ""))
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+          + ("---:|" if args.evict_mb else ""))
     profiles = []
     for temperature, method, summary in itertools.product(args.temperatures, args.methods, args.tr_kernels):
         if summary == "torch":
@@ -236,14 +250,15 @@ def replay_all(args) -> list[dict]:
         if summary == "kernel" and not row_summary.kernel_ready():
             raise SystemExit("error: --tr-kernels kernel, but our kernels do not build here (see the warning above)")
         profiler = cProfile.Profile() if args.profile else None
-        r = replay(method, temperature, model, engine, curve, questions, args.tokens, profiler)
+        r = replay(method, temperature, model, engine, curve, questions, args.tokens, profiler, evict_mb=args.evict_mb)
         r["tr_kernels"] = summary
         rows.append(r)
         print(f"| {method} | {temperature:g} | {summary} | {r['steps']} | {r['mat']:.2f} | {r['propose_ms']:.3f} | "
               f"{r['noise_ms']:.3f} | {r['observe_ms']:.3f} | {r['total_ms']:.3f} | "
               f"{r['total_ms'] - r['noise_ms']:.3f} | {r['median_ms']:.3f} | {r['replay_propose_ms']:.3f} | "
               f"{r['replay_observe_ms']:.3f} | {r['replay_total_ms'] - r['replay_noise_ms']:.3f} | "
-              f"{r['replay_same_drafts']}/{r['replay_steps']} |", flush=True)
+              f"{r['replay_same_drafts']}/{r['replay_steps']} |"
+              + (f" {r['evicted_total_ms'] - r['evicted_noise_ms']:.3f} |" if args.evict_mb else ""), flush=True)
         if profiler is not None:
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile)
@@ -340,6 +355,9 @@ def main(argv=None) -> int:
                          "CPU kernels or on torch's and numpy's ops, side by side in one process "
                          "(drafting/row_summary.py, drafting/recycling.py)")
     ap.add_argument("--compiled", action="store_true", help="the compiled forward (default: eager)")
+    ap.add_argument("--evict-mb", type=int, default=0, metavar="N",
+                    help="also replay with N MB read before each observe, untimed (live, the forward runs there; "
+                         "more than the last-level cache sweeps it)")
     ap.add_argument("--questions", default=None, help="question.jsonl (default: the tests' Spec-Bench sample)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the drafter's calls and print the N functions with the most own time "

@@ -5,7 +5,8 @@
 
 Reads every run directory under the given sweep folders, averages repeated runs (report/tables.aggregate)
 and lays the tasks side by side (report/task_table.py; where a method ran both against a shared AR and with AR
-interleaved, only the interleaved runs count): a row per method among the leaders, a column per
+interleaved, only the interleaved runs count; where several folders ran a method on a task at a temperature,
+only the last folder's runs count: give the folders oldest first): a row per method among the leaders, a column per
 (temperature, task), each cell 'speedup ± std (MAT, n=runs)', the column's best in bold. With --readme,
 the block between `<!-- task-table: begin -->` and `<!-- task-table: end -->` gets the table.
 """
@@ -30,12 +31,13 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", help="a folder for plots/speedup_by_task.png")
     args = ap.parse_args(argv)
 
-    rows = [row for root in args.roots for row in collect.run_rows(collect.load_runs(root))]
+    rows = [{**row, "root": i} for i, root in enumerate(args.roots)
+            for row in collect.run_rows(collect.load_runs(root))]
     if not rows:
         print(f"error: no run directories under {', '.join(args.roots)}; give sweep folders (results roots)",
               file=sys.stderr)
         return 2
-    aggregated = tables.aggregate(task_table.interleaved_first(rows))
+    aggregated = tables.aggregate(task_table.latest_root(task_table.interleaved_first(rows)))
     md = task_table.task_table(aggregated, args.top)
     note = ("Overall speedup over AR (mean ± std over runs), MAT and runs in brackets; the best of each column "
             f"in bold; {task_table.timing_marks.MARK}: not timed alone, or timed on another machine speed than its AR (its plain steps). From: " + ", ".join(f"`{r}`" for r in args.roots) + ".")

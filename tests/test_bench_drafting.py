@@ -22,9 +22,11 @@ def test_a_recorded_decoding_replays_to_the_same_drafts(tiny_llama, temperature)
     engine = Engine(tiny_llama, eos_token_ids=[])
     questions = [(f"q{i}", list(range(3 + i, 13 + i))) for i in range(3)]
     events: list = []
-    r = bench_drafting.replay("tr_fused", temperature, tiny_llama, engine, FLAT, questions, 24, events=events)
+    r = bench_drafting.replay("tr_fused", temperature, tiny_llama, engine, FLAT, questions, 24, events=events,
+                              evict_mb=1)
     assert r["steps"] > 0 and r["replay_steps"] == r["steps"]
     assert r["replay_same_drafts"] == r["steps"]
+    assert r["evicted_same_drafts"] == r["steps"]  # the caches swept between calls: the same decoding
     assert {e[0] for e in events} == {"start", "propose", "observe"}
     # one recorded draft changed: the replay no longer matches it at that step
     i = next(i for i, e in enumerate(events) if e[0] == "propose" and e[2] is not None and

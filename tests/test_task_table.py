@@ -27,6 +27,24 @@ def test_columns_put_temperatures_then_tasks_in_order():
     assert task_table.columns(ROWS) == [(0, "spec_bench"), (0, "code_edit"), (0.7, "code_edit")]
 
 
+def test_a_task_on_a_kept_cache_is_its_own_column_beside_the_task():
+    rows = [row("suffix", "agent_loop-ps1-pc", 0, 3.4), row("suffix", "long", 0, 1.1),
+            row("suffix", "agent_loop-ps1", 0, 2.6), row("suffix", "code_edit-ps2-pc", 0, 2.9)]
+    assert task_table.task_name("agent_loop-ps1-pc") == "agent_loop-pc"
+    assert task_table.task_name("spec_bench-ps2") == "spec_bench"
+    assert task_table.columns(rows) == [(0, "code_edit-pc"), (0, "agent_loop"), (0, "agent_loop-pc"), (0, "long")]
+
+
+def test_a_cell_measured_again_in_a_later_folder_takes_only_those_runs():
+    rows = [{**row("suffix", "code_edit-ps2", 0.7, 1.69), "root": 0},
+            {**row("suffix", "code_edit-ps2", 0.7, 1.60), "root": 1},
+            {**row("suffix", "code_edit-ps2", 0.7, 1.62), "root": 1},
+            {**row("suffix", "code_edit-ps2", 0, 2.68), "root": 0},
+            {**row("pld", "code_edit-ps2", 0.7, 1.21), "root": 0}]
+    kept = task_table.latest_root(rows)
+    assert [r["overall"] for r in kept] == [1.60, 1.62, 2.68, 1.21]
+
+
 def test_the_table_bolds_each_columns_best_and_keeps_every_winner():
     md = task_table.task_table(ROWS, top=2)
     lines = md.splitlines()

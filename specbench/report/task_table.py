@@ -16,18 +16,25 @@ from specbench.report import tables, timing_marks
 
 
 def task_name(task: str | None) -> str:
-    """'code_edit-ps2' -> 'code_edit': the task without its question selection."""
-    return re.sub(r"-ps\d+$", "", task or "")
+    """'code_edit-ps2' -> 'code_edit', 'agent_loop-ps1-pc' -> 'agent_loop-pc': the task without its question
+    selection, still marked where its turns ran on a kept cache (`prefix_cache=true`, collect.run_meta)."""
+    return re.sub(r"-ps\d+(?=(-pc)?$)", "", task or "")
 
 
 TASK_ORDER = ("spec_bench", "code_edit", "agent_loop", "long")
 
 
 def columns(rows: list[dict]) -> list[tuple[float, str]]:
-    """(temperature, task) pairs present, temperatures ascending, the tasks in `TASK_ORDER`, then by name."""
+    """(temperature, task) pairs present, temperatures ascending, the tasks in `TASK_ORDER`, then by name; a
+    task on a kept cache ('agent_loop-pc') right after the same task prefilled whole."""
     order = {t: i for i, t in enumerate(TASK_ORDER)}
     pairs = {(r["temperature"], task_name(r["task"])) for r in rows}
-    return sorted(pairs, key=lambda p: (p[0], order.get(p[1], len(order)), p[1]))
+
+    def key(pair):
+        base = pair[1].removesuffix("-pc")
+        return pair[0], order.get(base, len(order)), base, pair[1] != base
+
+    return sorted(pairs, key=key)
 
 
 def label(row: dict) -> str:
@@ -56,6 +63,20 @@ def interleaved_first(rows: list[dict]) -> list[dict]:
 
     interleaved = {key(r) for r in rows if r.get("baseline_mode") == "interleave"}
     return [r for r in rows if key(r) not in interleaved or r.get("baseline_mode") == "interleave"]
+
+
+def latest_root(rows: list[dict]) -> list[dict]:
+    """Run rows less those a later sweep folder measured again: each row's `root` is the index of its
+    folder among those given (oldest first), and a cell (method label, temperature, task) takes only the
+    runs of the last folder that ran it. A cell measured again (new code, another day's machine, another
+    cost curve) shows that measurement, never an average across days."""
+    def key(r):
+        return label(r), r["temperature"], task_name(r["task"])
+
+    last: dict[tuple, int] = {}
+    for r in rows:
+        last[key(r)] = max(last.get(key(r), -1), r.get("root", 0))
+    return [r for r in rows if r.get("root", 0) == last[key(r)]]
 
 
 def leaders(by_label: dict[str, dict], cols: list[tuple[float, str]], top: int) -> list[str]:
