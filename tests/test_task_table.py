@@ -100,3 +100,17 @@ def test_the_readme_block_is_replaced_between_its_markers():
     assert replace_between(text, "new\n", "<!-- b -->", "<!-- e -->") == "a\n<!-- b -->\nnew\n<!-- e -->\nz\n"
     with pytest.raises(ValueError):
         replace_between("no markers", "x", "<!-- b -->", "<!-- e -->")
+
+
+def test_the_plot_gives_each_temperature_a_panel_as_wide_as_its_tasks():
+    from specbench.report import plots
+
+    rows = ROWS + [row("suffix", "agent_loop-ps1-pc", 0, 3.4)]
+    by_label = task_table.cells(rows)
+    cols = task_table.columns([r for r in rows if r["method"] != "ar"])
+    fig = plots.speedup_by_task(by_label, cols, ["tr_fused", "suffix"])
+    left, right = fig.axes[:2]
+    assert [t.get_text() for t in left.get_xticklabels()] == ["spec_bench", "code_edit", "agent_loop-pc"]
+    assert [t.get_text() for t in right.get_xticklabels()] == ["code_edit"]
+    assert left.get_position().width == pytest.approx(3 * right.get_position().width, rel=0.05)
+    plots.plt.close(fig)

@@ -246,7 +246,9 @@ def speedup_by_task(by_label: dict, cols: list[tuple[float, str]], labels: list[
     """Grouped bars: each task's overall speedup per method, a panel per temperature; error bars = std over
     repeated runs. `by_label`: task_table.cells; `cols`: (temperature, task) pairs; `labels`: the methods."""
     temps = sorted({t for t, _ in cols})
-    fig, axes = plt.subplots(1, len(temps), figsize=(4.2 * len(temps) + 1, 3.6), squeeze=False, sharey=True)
+    per_panel = [sum(1 for t, _ in cols if t == temp) for temp in temps]  # a panel as wide as its tasks
+    fig, axes = plt.subplots(1, len(temps), figsize=(1.6 * len(cols) + 3, 3.9), squeeze=False, sharey=True,
+                             gridspec_kw={"width_ratios": per_panel})
     width = 0.8 / max(len(labels), 1)
     for ax, temp in zip(axes[0], temps):
         tasks = [task for t, task in cols if t == temp]
@@ -257,7 +259,7 @@ def speedup_by_task(by_label: dict, cols: list[tuple[float, str]], labels: list[
             std = [r.get("overall_std") or 0.0 for r in rows]
             ax.bar(x + (i - (len(labels) - 1) / 2) * width, mean, width, yerr=std, capsize=2, label=lab)
         ax.axhline(1.0, color="grey", lw=1, ls="--")
-        ax.set_xticks(x, tasks)
+        ax.set_xticks(x, tasks, rotation=20, ha="right")
         ax.set_title(f"T = {temp:g}")
     axes[0][0].set_ylabel("overall speedup over AR")
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
