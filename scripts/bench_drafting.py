@@ -28,7 +28,7 @@ whether a change to a drafter kept its drafts. With `--evict-mb N` a second repl
 before each `observe`, untimed, where live the forward runs, and then the verified rows' logits (the
 forward's output, in the caches live): the drafter's own data then starts each call as cold as live,
 so that replay tells how much of the gap between live and replayed is the drafter's data evicted by the
-forward (the rest: the forward's own code and Python's evicting the drafter's instructions).
+forward (what it leaves unexplained, this sweep does not tell apart).
 
 `--lookup` times `propose` alone at a fixed context of real text (PLD's n-gram search over the whole
 context, REST's suffix-array lookup and trie) and, with --sweep, how it grows with the context.

@@ -44,6 +44,11 @@ def label(row: dict) -> str:
     return row["method"] if variant == "defaults" else f"{row['method']} ({variant})"
 
 
+def cell_of(row: dict) -> tuple:
+    """The table cell a run row belongs to: (method label, temperature, task)."""
+    return label(row), row["temperature"], task_name(row["task"])
+
+
 def cells(rows: list[dict]) -> dict[str, dict[tuple[float, str], dict]]:
     """label -> (temperature, task) -> the aggregated row; AR (every speedup 1) left out."""
     out: dict[str, dict] = {}
@@ -58,11 +63,8 @@ def interleaved_first(rows: list[dict]) -> list[dict]:
     has runs with AR interleaved at a (temperature, task), its runs there against a shared AR are left out.
     A shared AR may have been timed hours earlier on a machine that has drifted since; the interleaved runs
     are the ones a cell should average, never a mix of both."""
-    def key(r):
-        return label(r), r["temperature"], task_name(r["task"])
-
-    interleaved = {key(r) for r in rows if r.get("baseline_mode") == "interleave"}
-    return [r for r in rows if key(r) not in interleaved or r.get("baseline_mode") == "interleave"]
+    interleaved = {cell_of(r) for r in rows if r.get("baseline_mode") == "interleave"}
+    return [r for r in rows if cell_of(r) not in interleaved or r.get("baseline_mode") == "interleave"]
 
 
 def latest_root(rows: list[dict]) -> list[dict]:
@@ -70,13 +72,10 @@ def latest_root(rows: list[dict]) -> list[dict]:
     folder among those given (oldest first), and a cell (method label, temperature, task) takes only the
     runs of the last folder that ran it. A cell measured again (new code, another day's machine, another
     cost curve) shows that measurement, never an average across days."""
-    def key(r):
-        return label(r), r["temperature"], task_name(r["task"])
-
     last: dict[tuple, int] = {}
     for r in rows:
-        last[key(r)] = max(last.get(key(r), -1), r.get("root", 0))
-    return [r for r in rows if r.get("root", 0) == last[key(r)]]
+        last[cell_of(r)] = max(last.get(cell_of(r), -1), r.get("root", 0))
+    return [r for r in rows if r.get("root", 0) == last[cell_of(r)]]
 
 
 def leaders(by_label: dict[str, dict], cols: list[tuple[float, str]], top: int) -> list[str]:
