@@ -12,7 +12,7 @@ import torch
 from specbench.decoding.batched import BatchedEngine, Request
 from specbench.decoding.step import (ModelFacts, TreeTensorCache, cut_at_stop, greedy_targets, split_piece,
                                      verify_piece)
-from specbench.decoding.verify import accept_path
+from specbench.decoding.verify import accept_path, accepted_path
 from specbench.draft import Draft, DraftTree
 from specbench.drafter import Drafter
 from tests.test_batched import EOS, METHODS, alone, tiny_prompts
@@ -59,6 +59,31 @@ def test_verify_then_split_is_accept_path(seed):
     assert split_piece(piece.tolist(), draft) == (accepted, [tokens[a - 1] for a in accepted] + [bonus])
     plain = verify_piece(TreeTensorCache("cpu"), logits[:1], None, rows[:1], 5, greedy_targets, Drafter(), "cpu")
     assert split_piece(plain.tolist(), None) == ([], [targets[0]])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_host_walk_gives_the_device_piece_and_chooses_only_the_path_s_rows(seed):
+    """On a CPU the tree is walked and a row's target chosen only when the walk reaches it: the same
+    piece, value for value, as the device's rule over every row, and `select` called for the root and
+    the accepted nodes' rows alone."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(TREE.size, 11, generator=g)
+    targets = logits.argmax(-1)
+    tokens = [int(targets[p]) if torch.rand(1, generator=g) < 0.6 else int(torch.randint(0, 11, (1,), generator=g))
+              for p in TREE.parents]
+    draft = Draft(tokens=torch.tensor(tokens), tree=TREE)
+    rows = torch.tensor([7] + tokens)
+    asked = []
+
+    def select(scores, positions):
+        asked.append(int(positions[0]) - 5)  # the row's depth: positions are 5 + depth
+        return greedy_targets(scores, positions)
+
+    piece = verify_piece(TreeTensorCache("cpu"), logits, draft, rows, 5, select, Drafter(), "cpu")
+    path = accepted_path(TreeTensorCache("cpu")(TREE), rows[1:], targets)
+    assert piece.tolist() == torch.cat([path, targets[path]]).tolist()
+    accepted, _ = accept_path(TREE, tokens, targets.tolist())
+    assert asked == [0] + [int(TREE.depths[a]) for a in accepted]  # one row per depth reached, no other
 
 
 def test_tree_tensor_cache_makes_each_tree_once_and_forgets_it():

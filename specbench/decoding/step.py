@@ -17,7 +17,8 @@ from typing import Callable
 import torch
 
 from specbench.decoding.kv_cache import with_cache
-from specbench.decoding.verify import TreeTensors, accepted_path, row_argmax
+from specbench.decoding.transfers import on_host
+from specbench.decoding.verify import TreeTensors, accepted_path, row_argmax, walk_path
 from specbench.draft import DecodeState, Draft, DraftTree
 from specbench.drafter import Drafter, OverridesTargets, reads_hidden_states, reads_prompt_logits
 from specbench.errors import InputError
@@ -188,11 +189,27 @@ def verify_piece(tree_tensors: Callable[[DraftTree], TreeTensors], logits: torch
         return targets[:1]
     size = draft.tree.size
     # host positions: a sampler keys its noise by them without reading anything from the device
-    targets = torch.as_tensor(select(logits[:size], base_position + draft.tree.depths), device=device)
-    if not drafter.lossless and isinstance(drafter, OverridesTargets):
+    positions = base_position + draft.tree.depths
+    overrides = not drafter.lossless and isinstance(drafter, OverridesTargets)
+    if on_host(logits.device) and not overrides:
+        return walked_piece(draft, rows[1:size].tolist(),
+                            lambda v: int(select(logits[v : v + 1], positions[v : v + 1])[0]))
+    targets = torch.as_tensor(select(logits[:size], positions), device=device)
+    if overrides:
         targets = drafter.override_targets(draft, logits[:size], targets)
     path = accepted_path(tree_tensors(draft.tree), rows[1:size], targets)
     return torch.cat([path, targets[path]])
+
+
+def walked_piece(draft: Draft, draft_tokens: list[int], target_at: Callable[[int], int]) -> torch.Tensor:
+    """`verify_piece`'s result on a CPU, where nothing waits on a device: the tree walked from the root
+    (`walk_path`), each row's target chosen only when the walk reaches it, so a step pays the argmax or
+    sample of its accepted path's rows, not of every row it verified. The same layout and values as
+    the device's piece (past the path's end, node 0 and the root's target)."""
+    accepted, targets = walk_path(draft.tree, draft_tokens, target_at)
+    depth = draft.tree.max_depth + 1
+    path = [0, *accepted] + [0] * (depth - 1 - len(accepted))
+    return torch.tensor(path + targets + targets[:1] * (depth - len(targets)))
 
 
 def split_piece(host: list[int], draft: Draft | None) -> tuple[list[int], list[int]]:

@@ -6,6 +6,8 @@ from a tree's precomputed index tensors (`TreeTensors`), so a step needs one sma
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -30,17 +32,28 @@ def accept_path(tree: DraftTree, draft_tokens: list[int], targets: list[int]) ->
     bonus is the target's token after the last accepted node. Siblings may repeat a token; the
     first one wins, which is harmless since they carry the same prefix.
     """
+    accepted, reached = walk_path(tree, draft_tokens, targets.__getitem__)
+    return accepted, reached[-1]
+
+
+def walk_path(tree: DraftTree, draft_tokens: list[int], target_at: Callable[[int], int]) -> tuple[list[int], list[int]]:
+    """`accept_path` asking for a row's target only when the walk reaches that row: the root's, then
+    each accepted node's. Returns (accepted nodes in path order, the targets at the root and at each
+    accepted node; the last is the bonus). On a CPU a row's target is a pass over the vocabulary of its
+    own (an argmax, or a sample), and the rows off the path are never needed."""
     accepted: list[int] = []
+    reached: list[int] = []
     node = 0
     while True:
-        want = targets[node]
+        want = target_at(node)
+        reached.append(want)
         for child in tree.children[node]:
             if draft_tokens[child - 1] == want:
                 accepted.append(child)
                 node = child
                 break
         else:
-            return accepted, want
+            return accepted, reached
 
 
 class TreeTensors:
