@@ -176,7 +176,8 @@ def rows_of(draft: Draft | None) -> int:
 def verify_piece(tree_tensors: Callable[[DraftTree], TreeTensors], logits: torch.Tensor, draft: Draft | None,
                  rows: torch.Tensor, base_position: int, select: Callable, drafter: Drafter,
                  device) -> torch.Tensor:
-    """One request's verification, left on the device for the step's one copy to the host.
+    """One request's verification, left on the device for the step's one copy to the host (on a CPU, the
+    tree walked and only the reached rows' targets chosen: `walked_piece`).
 
     logits: (R, vocab), the request's rows of the forward (root first); rows: (R,) its input ids;
     base_position: the root's absolute position (the cache's length before the step).

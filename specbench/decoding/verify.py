@@ -1,7 +1,9 @@
 """Acceptance: which path of the draft tree the target model agrees with.
 
-`accept_path` is the rule in plain Python; `accepted_path` computes the same on the model's device
-from a tree's precomputed index tensors (`TreeTensors`), so a step needs one small copy back.
+`accept_path` is the rule in plain Python, and `walk_path` the same walk choosing each row's target only
+when it reaches that row (a CPU's verification); `accepted_path` computes the same on the model's
+device from a tree's precomputed index tensors (`TreeTensors`) and every row's target, so a step needs
+one small copy back.
 """
 
 from __future__ import annotations
