@@ -281,6 +281,22 @@ def test_the_real_model_settings_and_the_warm_up_compose(tmp_path, monkeypatch, 
             assert cfg.warmup == (real_model.WARMUP_REPEATS if warm_up else 1)
 
 
+def test_the_cpu_rehearsal_takes_one_question_in_half_precision(tmp_path, monkeypatch):
+    """On a CPU half precision is several times slower: its stage takes one question, float32's two
+    (CI's rehearsal must fit every leading method); a GPU takes no subtask filter."""
+    monkeypatch.setattr(node, "NODE_DIR", tmp_path)
+    (tmp_path / "questions").mkdir()
+    (tmp_path / "questions" / "question.jsonl").write_text("")
+
+    def subtasks(cuda, dtype):
+        over = real_model.real_model_overrides({"cuda": cuda, "max_new_tokens": 16}, dtype, "eager", tmp_path)
+        return [o for o in over if o.startswith("task.subtasks=")]
+
+    assert subtasks(False, "bfloat16") == subtasks(False, "float16") == ["task.subtasks=[translation]"]
+    assert subtasks(False, "float32") == ["task.subtasks=[translation,math_reasoning]"]
+    assert subtasks(True, "bfloat16") == []
+
+
 # -- the walls a sweep on the node would have hit ----------------------------------------------------
 
 def test_a_failing_job_does_not_end_a_multirun(real_model, tmp_path):
