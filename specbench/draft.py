@@ -176,3 +176,6 @@ class StepOutcome:
     bonus: int  # the target's token after the last accepted node
     hidden_states: torch.Tensor | None = None  # (rows, hidden) last layer, when the drafter asks
     emitted: list[int] = field(default_factory=list)  # tokens appended to the output this step
+    # seconds of the step's forward (its inputs' loading included), where the host's clock measures
+    # it (a CPU target); None where the device runs it asynchronously
+    forward_seconds: float | None = None

@@ -31,7 +31,9 @@ VARIANTS = {"tr_adaptive[slot_statistics]": ("tr_adaptive", {"confidence": False
             # the research kit's ablations: update rule and prefill rows, and the tuned template
             "tr[accepted,prefill]": ("tr", {"update": "accepted", "prefill_update": True}),
             "tr[tuned_tree]": ("tr", {"tree": str(Path(__file__).resolve().parents[1] / "data/trees/smollm2-135m-cpu.json")}),
-            "tr_fused[retrieval_only]": ("tr_fused", {"matrix": False})}
+            "tr_fused[retrieval_only]": ("tr_fused", {"matrix": False}),
+            # rows priced from the run's own timed forwards: the choice moves with the clock's readings
+            "tr_fused[online_cost]": ("tr_fused", {"online_cost": True})}
 CASES = {m: (m, {}) for m in available_methods() if m != "ar"} | VARIANTS
 # Every method at every temperature on its subtasks; a variant (another code path of the same drafting)
 # greedy on one subtask (where each accepts drafts): the verification and sampled acceptance it shares with its

@@ -22,7 +22,7 @@ from specbench.decoding.masks import tree_attention_mask
 from specbench.decoding.step import (ModelFacts, PhaseClock, TreeTensorCache, check_context, cut_at_stop,
                                      greedy_targets, observe_prefill, prefill, propose, rows_of, split_piece,
                                      token_buffer, verify_piece)
-from specbench.decoding.transfers import to_device
+from specbench.decoding.transfers import on_host, to_device
 from specbench.decoding.verify import TreeTensors
 from specbench.timing import now
 
@@ -276,9 +276,9 @@ class Engine:
         draft = propose(turn.drafter, turn.buf, turn.cur, turn.prompt_len, turn.result.decoding_steps)
         propose_s = clock.lap("propose")
         loaded = self._load(cache, cache_len, draft, root, turn.hidden)
-        clock.lap("host")
+        load_s = clock.lap("host")
         ids, logits, hidden = self._run_forward(loaded, cache, cache_len, turn.hidden)
-        clock.lap("forward")
+        forward_s = load_s + clock.lap("forward") if on_host(self.device) else None
         accepted, emitted, path = self._verify(logits, draft, ids, cache_len, turn.select, turn.drafter)
         bonus = emitted[-1]
         if draft is not None or self.compiled is not None:  # a static cache holds the padded rows too
@@ -289,7 +289,7 @@ class Engine:
         turn.record(draft, len(emitted))
         clock.lap("verify")
         turn.drafter.observe(StepOutcome(draft=draft, root=root, logits=logits, accepted=accepted, bonus=bonus,
-                                         hidden_states=hidden, emitted=emitted))
+                                         hidden_states=hidden, emitted=emitted, forward_seconds=forward_s))
         # perf_counter without a synchronisation: the step's .tolist() has waited for the device
         # already; work observe() queued lands in the next step's time, and the turn's wall time
         # (synchronised) still holds all of it

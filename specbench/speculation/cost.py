@@ -24,6 +24,7 @@ import torch
 
 from specbench.errors import MissingFileError, SettingsError
 from specbench.speculation.roofline import Roofline, roofline_for
+from specbench.speculation.online_cost import REFRESH, RowCostCorrection
 from specbench.decoding.kv_cache import with_cache
 from specbench.timing import device_name, now
 
@@ -214,11 +215,18 @@ class CostCurve:
 
 class StepTimes:
     """t(1..rows) at a step's context, for a drafter that weighs every width each step: one table per
-    `CONTEXT_BUCKET` tokens of context, built on first use (a one-context curve has one table)."""
+    `CONTEXT_BUCKET` tokens of context, built on first use (a one-context curve has one table).
 
-    def __init__(self, curve: CostCurve, rows: int):
+    `online`: the tables' shape corrected by the run's own timed steps (`learn`; online_cost.py), the
+    factors updated every `REFRESH` steps; `version` changes with them, for a chooser's caches."""
+
+    def __init__(self, curve: CostCurve, rows: int, online: bool = False):
         self.curve, self.rows = curve, rows
+        self._curve_tables: dict[int | None, list[float]] = {}
         self._tables: dict[int | None, list[float]] = {}
+        self.correction = RowCostCorrection(rows) if online else None
+        self._factors: list[float] | None = None
+        self.version = 0
 
     def key(self, context: int | None) -> int | None:
         """The bucket `context` falls in: None (the curve's own context) for None or a one-context curve."""
@@ -226,12 +234,41 @@ class StepTimes:
             return None
         return round(context / CONTEXT_BUCKET) * CONTEXT_BUCKET
 
+    def curve_at(self, context: int | None = None) -> list[float]:
+        """The curve's own t(1..rows) at `context`, uncorrected."""
+        key = self.key(context)
+        table = self._curve_tables.get(key)
+        if table is None:
+            table = self._curve_tables[key] = self.curve.table(self.rows, key)
+        return table
+
     def at(self, context: int | None = None) -> list[float]:
         key = self.key(context)
         table = self._tables.get(key)
         if table is None:
-            table = self._tables[key] = self.curve.table(self.rows, key)
+            table = self.curve_at(context)
+            if self._factors is not None:  # corrected, and still never cheaper for more rows
+                table = non_decreasing([t * f for t, f in zip(table, self._factors)])
+            self._tables[key] = table
         return table
+
+    def learn(self, rows: int, context: int | None, seconds: float | None) -> None:
+        """A timed forward of `rows` rows after `context` cached tokens (None: not timed, nothing learnt)."""
+        if self.correction is None or seconds is None:
+            return
+        self.correction.add(rows, seconds, self.curve_at(context)[min(rows, self.rows) - 1])
+        if self.correction.steps % REFRESH == 0:
+            self._factors = self.correction.factors()
+            self._tables.clear()
+            self.version += 1
+
+    def forget(self) -> None:
+        """The curve's tables again, nothing learnt (a drafter reset to its built state)."""
+        if self.correction is not None:
+            self.correction = RowCostCorrection(self.rows)
+            self._factors = None
+            self._tables.clear()
+            self.version += 1
 
 
 def _slug(s: str) -> str:

@@ -6,6 +6,7 @@ specbench/speculation/goodput.py. `tr_fused` (fused.py) merges a retrieval sourc
 from __future__ import annotations
 
 from dataclasses import dataclass
+import sys
 from typing import Any, Optional
 from collections import deque
 from pathlib import Path
@@ -20,6 +21,7 @@ from specbench.speculation.goodput import (AcceptanceStats, PooledRateTable, Rat
                                            counterfactual_path, prior_probabilities,
                                            subtree_parents)
 from specbench.registry import register
+from specbench.decoding.step import rows_of
 from specbench.decoding.transfers import HostCopy, on_host, to_device
 from specbench.draft import DraftTree
 from specbench.drafting.recycling import Recycling
@@ -49,6 +51,10 @@ class AdaptiveTRSettings(TRSettings):
     # sample if the recycled row were this position's), as SpS's `coupled` draws its chain; false: by
     # probability alone, as at T = 0
     coupled: bool = True
+    # rows priced from the run's own timed forwards: the curve's shape corrected by each width's
+    # measured time over the curve's (speculation/online_cost.py); a CPU target only, where the host's
+    # clock times the forward (docs/token-recycling.md, "Rows priced from the run's own steps")
+    online_cost: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -97,7 +103,12 @@ class GoodputSubtree:
         # method.cost_curve, else the curve the runner measured or loaded, else one for the model
         self.curve = resolve_curve(settings.cost_curve or t.hardware_curve, t.model, t.model_name, t.dtype_name)
         # t(w) for w = 1 .. the rows a step may verify, at each step's context: a long context makes rows dearer
-        self.times = StepTimes(self.curve, self.tree.size + extra_rows)
+        online = bool(settings.online_cost)
+        if online and not on_host(self.device):
+            print("note: method.online_cost prices rows from forwards the host's clock times: off on "
+                  f"{self.device}, where the device runs them asynchronously", file=sys.stderr)
+            online = False
+        self.times = StepTimes(self.curve, self.tree.size + extra_rows, online=online)
         self.confidence = self.keeps_confidences(settings, target)
         sampler = getattr(t, "sampler", None)
         self.sampler = sampler if (settings.coupled and self.confidence and on_host(self.device)
@@ -153,6 +164,9 @@ class GoodputSubtree:
         self._choice: dict[tuple[int, int | None], tuple[int, tuple[int, ...]]] = {}
         self._subtrees: dict[tuple[int, ...], tuple[DraftTree, torch.Tensor]] = {}
         self._thresholds: dict[int | None, float] = {}  # the curve's context bucket -> _plain_below
+        self.times.forget()
+        self._times_version = self.times.version  # the tables the two caches above were built on
+        self._context: int | None = None  # the last choice's context, for the timed step it drafted
         self.drafted_steps = 0
         self.plain_steps = 0
 
@@ -247,6 +261,7 @@ class GoodputSubtree:
         """The sub-tree to draft from this step's p(v) and t(w) after `context` cached tokens: chosen
         afresh with per-step confidences, else only when the slot statistics have changed or the
         context has moved to another of the curve's length buckets (StepTimes)."""
+        self._on_times(context)
         step_times = self.times.at(context)
         if per_step:
             return self.choose(p, self.tree.parents, context)
@@ -261,12 +276,22 @@ class GoodputSubtree:
         """`choose_nodes` on this step's curve, skipped when no node is likely enough for any draft to
         beat a plain step: m nodes add at most m x max(p) expected tokens, so below `_plain_below`
         every draft's rate is under the plain step's and the choice is the plain step anyway."""
+        self._on_times(context)
         if max(p, default=0.0) < self._plain_below(context):
             return ()
         if self._host_kernels:  # the same choice in one call (decoding/goodput_choice.cpp)
             return tuple(torch.ops.specbench.choose_nodes(p, parents, self.times.at(context), self.settings.min_gain,
                                                           max_nodes))
         return choose_nodes(p, parents, self.times.at(context), self.settings.min_gain, max_nodes)
+
+    def _on_times(self, context: int | None) -> None:
+        """Remember the step's context (`note` learns its forward's time there); drop the choices and
+        thresholds built on tables the run's own steps have since corrected (`online_cost`)."""
+        self._context = context
+        if self._times_version != self.times.version:
+            self._choice.clear()
+            self._thresholds.clear()
+            self._times_version = self.times.version
 
     def _plain_below(self, context: int | None) -> float:
         """min over m of ((1 + min_gain) t(m + 1) / t(1) - 1) / m on the curve at `context`, less a
@@ -327,7 +352,9 @@ class GoodputSubtree:
         return self._last[1].tolist()
 
     def note(self, outcome: StepOutcome) -> None:
-        """Nothing: the counterfactual outcomes are read from the decided tokens (`prepare`)."""
+        """The step's forward time, for `online_cost` (the counterfactual outcomes are read from the
+        decided tokens, `prepare`)."""
+        self.times.learn(rows_of(outcome.draft), self._context, outcome.forward_seconds)
 
     def take_statistics(self) -> dict:
         return {}

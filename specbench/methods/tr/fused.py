@@ -369,6 +369,7 @@ class FusedChoice:
     # -- statistics ------------------------------------------------------------------------------
     def note(self, outcome: StepOutcome) -> None:
         """The sources of the accepted tokens (TR's template-node statistics: the matrix's own count)."""
+        self.template.note(outcome)  # the step's forward time, for online_cost
         for a in outcome.accepted:
             self._accepted_from[{MATRIX: 0, RETRIEVAL: 1}.get(self.sources[a - 1], 2)] += 1
         if outcome.draft is not None and self.settings.calibrate:
