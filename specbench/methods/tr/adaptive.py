@@ -5,8 +5,8 @@ specbench/speculation/goodput.py. `tr_fused` (fused.py) merges a retrieval sourc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import sys
+from dataclasses import dataclass
 from typing import Any, Optional
 from collections import deque
 from pathlib import Path
@@ -261,10 +261,10 @@ class GoodputSubtree:
         """The sub-tree to draft from this step's p(v) and t(w) after `context` cached tokens: chosen
         afresh with per-step confidences, else only when the slot statistics have changed or the
         context has moved to another of the curve's length buckets (StepTimes)."""
-        self._on_times(context)
-        step_times = self.times.at(context)
         if per_step:
             return self.choose(p, self.tree.parents, context)
+        self._on_times(context)
+        step_times = self.times.at(context)
         version = self.stats.version[bucket]
         key = (bucket, self.times.key(context))
         cached = self._choice.get(key)
