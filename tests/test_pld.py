@@ -55,6 +55,18 @@ def test_continuation_must_fit_and_not_be_the_query_itself():
     assert find_candidate(T(5), 3, 10) is None
 
 
+def test_the_drafter_searches_in_our_kernel_on_a_cpu_target(packed_kernel, monkeypatch):
+    """A CPU target's drafter takes the kernel (built when the drafter is); it finds what numpy finds."""
+    import specbench.methods.pld as pld
+
+    calls = []
+    monkeypatch.setattr(pld, "find_candidate", lambda *a: calls.append(a[-1]) or find_candidate(*a))
+    d = build_drafter("pld", vocab_size=20, device="cpu", num_pred_tokens=2)
+    seq = T(1, 2, 3, 4, 1, 2)
+    assert d.propose(DecodeState(tokens=seq, prompt_len=2, step=0)).tokens.tolist() == [3, 4]
+    assert calls == [True]
+
+
 def test_drafter_returns_a_chain():
     seq = T(7, 8, 9, 1, 2, 3, 4, 0, 7, 8, 9)
     d = build_drafter("pld", vocab_size=10, device="cpu", max_ngram_size=3, num_pred_tokens=4)
@@ -89,8 +101,17 @@ def test_every_method_s_defaults_pass_its_own_check():
         cls.Settings()  # the defaults are values the method accepts
 
 
-def test_matches_reference_on_random_sequences():
-    """Same answer as a plain loop over the reference's conditions."""
+@pytest.fixture(params=[True, False], ids=["kernel", "numpy"])
+def kernel(request):
+    """The n-gram search on our kernel (decoding/ngram_search.cpp), or on numpy's calls."""
+    if request.param:
+        request.getfixturevalue("packed_kernel")
+    return request.param
+
+
+def test_matches_reference_on_random_sequences(kernel):
+    """Same answer as a plain loop over the reference's conditions, on either path (short sequences over
+    a small vocabulary, so that matches, misses and every boundary come up)."""
     g = torch.Generator().manual_seed(0)
 
     def reference(seq, max_n, k):
@@ -107,5 +128,11 @@ def test_matches_reference_on_random_sequences():
         L = int(torch.randint(2, 40, (1,), generator=g))
         seq = torch.randint(0, 4, (L,), generator=g)
         for max_n, k in ((3, 10), (3, 2), (2, 1), (1, 5)):
-            got = find_candidate(seq, max_n, k)
+            got = find_candidate(seq, max_n, k, kernel)
             assert (None if got is None else got.tolist()) == reference(seq, max_n, k)
+    for L in (1, 2, 3, 500):  # a long context with a match near its end, and the shortest ones
+        seq = torch.arange(L)
+        if L == 500:
+            seq[-3:] = torch.tensor([470, 471, 472])
+        got = find_candidate(seq, 3, 10, kernel)
+        assert (None if got is None else got.tolist()) == reference(seq, 3, 10)

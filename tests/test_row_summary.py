@@ -174,3 +174,33 @@ def test_top_k_rows_in_bfloat16_keeps_the_top_values_among_ties():
     assert torch.equal(ours.values, ref.values)
     assert torch.equal(x.gather(1, ours.indices), ours.values)
     assert all(len(set(r)) == 8 for r in ours.indices.tolist())
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
+def test_the_kernels_coupling_tables_are_numpys_within_rounding(packed_kernel, monkeypatch, temperature):
+    """The coupling tables our kernel makes (and `write_rows` refreshes) against numpy's: the same -log(p) / T
+    and log tail bound within float32 rounding, and the same infinities and NaNs where rows hold zeros
+    (unwritten rows; a row whose k candidates hold all its mass)."""
+    import numpy as np
+
+    from specbench.drafting.recycling import coupling_tables
+
+    g = torch.Generator().manual_seed(11)
+    p = torch.softmax(torch.randn(40, 50, generator=g) * 3, dim=-1).topk(8).values
+    p[0] = 0.0  # never written
+    p[1, 5:] = 0.0  # a candidate with no mass
+    p[2] = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125, 0.03125, 0.0, 0.0])  # all the mass
+    probs = p.numpy()
+    rs.kernel_ready.cache_clear()
+    ours = coupling_tables(probs, temperature)
+    monkeypatch.setenv(rs.ENV, "torch")
+    rs.kernel_ready.cache_clear()
+    try:
+        theirs = coupling_tables(probs, temperature)
+    finally:
+        monkeypatch.delenv(rs.ENV)
+        rs.kernel_ready.cache_clear()
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
+        # 1 - sum(p) loses digits to cancellation, whichever order sums p: 1e-5 of the log's value
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # equal NaNs and infinities by default

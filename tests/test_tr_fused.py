@@ -293,7 +293,7 @@ def test_the_estimate_kernel_gives_the_numpy_cells_and_estimates(packed_kernel):
     import numpy as np
 
     g = FusedTokenRecycling(vocab_size=50, cost_curve=FLAT).chooser.template
-    assert g._host_kernels and g.agreement_classes == 2
+    assert g.host_kernels and g.agreement_classes == 2
     rng = np.random.default_rng(0)
     n, cells = g.tree.size - 1, len(g.rates.prior)
     g.rates.add_many(rng.integers(0, cells, 400), rng.random(400) < 0.4)
@@ -305,7 +305,7 @@ def test_the_estimate_kernel_gives_the_numpy_cells_and_estimates(packed_kernel):
         agreed = frozenset(rng.choice(np.arange(1, n + 1), size=trial % 5, replace=False).tolist())
         got = []
         for kernel in (True, False):
-            g._host_kernels = kernel
+            g.host_kernels = kernel
             g._pending.append([0, None, None, trial % 2, agreed, None])
             got.append((g.probabilities(trial % 2, torch.from_numpy(conf), agreed), g._pending.pop()[5]))
         (p1, c1), (p2, c2) = got

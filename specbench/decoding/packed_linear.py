@@ -10,8 +10,9 @@ a speed-up, never a requirement. Why it was written: docs/compiled-forward.md. T
 carries our other CPU kernels, Token Recycling's: `row_summary.cpp` (the top k and normaliser of each
 verified row, drafting/row_summary.py), `tree_expansion.cpp` (its template expanded from the matrix,
 drafting/recycling.py) and `goodput_choice.cpp` (the goodput chooser's estimates and sub-tree, methods/tr/adaptive.py),
-and the sampler's `keyed_sampling.cpp` (a sampled row's token without drawing its noise, decoding/sampling.py),
-so a machine builds one extension, once.
+the sampler's `keyed_sampling.cpp` (a sampled row's token without drawing its noise, decoding/sampling.py)
+and Prompt Lookup's `ngram_search.cpp` (drafting/ngram.py, for `pld` and `tr_fused`), so a machine builds one
+extension, once.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from torch import nn
 PANEL = 6  # output columns per panel, as in packed_linear.cpp
 SOURCE = os.path.join(os.path.dirname(__file__), "packed_linear.cpp")
 SOURCES = [SOURCE, *(os.path.join(os.path.dirname(__file__), f) for f in ("row_summary.cpp", "tree_expansion.cpp",
-                                                                             "goodput_choice.cpp", "keyed_sampling.cpp"))]
+                                                                             "goodput_choice.cpp", "keyed_sampling.cpp",
+                                                                             "ngram_search.cpp"))]
 
 
 def available() -> bool:

@@ -124,7 +124,12 @@ def last_occurrence(tokens: torch.Tensor) -> torch.Tensor:
 def coupling_tables(probs: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """What `coupled_expansion` reads of matrix rows with probabilities `probs` (rows, k), apart from the
     noise: -log(p) / T per candidate, and log of the rows' tail bound (1 - sum p) p_min^(1/T - 1).
-    Kept beside the matrix (`Recycling.couple`), they cost once per written row, not once per read."""
+    Kept beside the matrix (`Recycling.couple`), they cost once per written row, not once per read. Where
+    our CPU kernels run they are made there (decoding/row_summary.cpp, which also refreshes a step's rows as
+    it writes them): the same definition in its own float32 rounding."""
+    if kernel_ready():
+        neg_log_p, log_tail = torch.ops.specbench.coupling_tables(torch.from_numpy(probs), temperature)
+        return neg_log_p.numpy(), log_tail.numpy()
     inv_t = 1.0 / temperature
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         neg_log_p = -(np.log(probs) * inv_t)
@@ -200,6 +205,7 @@ class Recycling:
                       if confidences else None)
         self.temperature: float | None = None  # `couple`: the coupling tables kept for this temperature
         self.tables: tuple[np.ndarray, np.ndarray] | None = None
+        self._table_views: tuple[torch.Tensor, torch.Tensor] | None = None  # the same memory, for our kernels
         self.statistics = RecyclingStatistics(self.template, self.device)
         self._keep_views()
         if on_host(self.device):
@@ -223,7 +229,7 @@ class Recycling:
     def share(self, other: "Recycling") -> None:
         """Draft from and learn into `other`'s matrix (one TR server's matrix for every request)."""
         self.matrix, self.written, self.probs = other.matrix, other.written, other.probs
-        self.temperature, self.tables = other.temperature, other.tables
+        self.temperature, self.tables, self._table_views = other.temperature, other.tables, other._table_views
         self._keep_views()
 
     def couple(self, temperature: float) -> None:
@@ -231,6 +237,7 @@ class Recycling:
         a coupled expansion then reads them instead of making them for every node of every step."""
         self.temperature = temperature
         self.tables = coupling_tables(self.probs.numpy(), temperature)
+        self._table_views = tuple(torch.from_numpy(t) for t in self.tables)
 
     def expand(self, root: int, confidences: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the token of every template node, root first, on the device; with `confidences`, each
@@ -274,7 +281,7 @@ class Recycling:
         keyed = isinstance(noise, KeyedNoise)
         if tables is not None and kernel_ready():
             parents, rank, depth = self.host_nodes
-            tables = torch.from_numpy(tables[0]), torch.from_numpy(tables[1])
+            tables = self._table_views
             if keyed and noise.sampler.keyed():
                 return torch.ops.specbench.expand_coupled_keyed(
                     self.matrix, self.probs, *tables, noise.sampler.key, list(noise.positions), gumbel_table()[0],
@@ -375,14 +382,12 @@ class Recycling:
 
     def _write_step(self, outcome: StepOutcome) -> None:
         """`_write_host` of every verified row in one call of our kernel (decoding/row_summary.cpp's
-        `write_rows`: the top k, the matrix, `written` and the probabilities written there, a token on
-        several rows keeping its last row's), the coupling tables after it."""
+        `write_rows`: the top k, the matrix, `written`, the probabilities and the coupling tables written
+        there, a token on several rows keeping its last row's)."""
         draft = outcome.draft
+        tables = self._table_views or (None, None)
         torch.ops.specbench.write_rows(outcome.logits, outcome.root, None if draft is None else draft.tokens,
-                                       self.matrix, self.written, self.probs)
-        if self.tables is not None:
-            tokens = [outcome.root] if draft is None else [outcome.root, *draft.tokens.tolist()]
-            self._refresh_tables(np.fromiter(dict.fromkeys(tokens), dtype=np.int64))
+                                       self.matrix, self.written, self.probs, *tables, self.temperature or 1.0)
 
     def _refresh_tables(self, tokens: np.ndarray) -> None:
         """The coupling tables of rows `tokens` (each once) from the probabilities just written there."""

@@ -116,7 +116,7 @@ class GoodputSubtree:
         if self.sampler is not None:
             source.couple(self.sampler.temperature)
         # our CPU kernels built (Recycling's constructor asked): the choice in one call of ours too
-        self._host_kernels = on_host(self.device) and kernel_ready()
+        self.host_kernels = on_host(self.device) and kernel_ready()
         self.reset()
 
     @staticmethod
@@ -227,7 +227,7 @@ class GoodputSubtree:
         `agreed`: the nodes another source drafts too (tr_fused)."""
         if conf is None:
             return self.stats.probabilities(bucket)
-        if self._host_kernels:  # the same cells and estimates in one call (decoding/goodput_choice.cpp)
+        if self.host_kernels:  # the same cells and estimates in one call (decoding/goodput_choice.cpp)
             bucket_cells = (self.BINS + 1) * 3 * self._depths  # `_cell`'s numbering
             offset = self._buckets * bucket_cells if agreed and self.agreement_classes > 1 else 0
             cells, p = torch.ops.specbench.template_probabilities(
@@ -279,7 +279,7 @@ class GoodputSubtree:
         self._on_times(context)
         if max(p, default=0.0) < self._plain_below(context):
             return ()
-        if self._host_kernels:  # the same choice in one call (decoding/goodput_choice.cpp)
+        if self.host_kernels:  # the same choice in one call (decoding/goodput_choice.cpp)
             return tuple(torch.ops.specbench.choose_nodes(p, parents, self.times.at(context), self.settings.min_gain,
                                                           max_nodes))
         return choose_nodes(p, parents, self.times.at(context), self.settings.min_gain, max_nodes)

@@ -253,7 +253,8 @@ class FusedChoice:
 
     def _pld_chain(self, state: DecodeState) -> tuple[list[int], int]:
         """Prompt Lookup's chain and its n-gram class (an empty chain without a match)."""
-        match = find_match(state.tokens, self.settings.max_ngram_size, self.settings.num_pred_tokens)
+        match = find_match(state.tokens, self.settings.max_ngram_size, self.settings.num_pred_tokens,
+                           self.template.host_kernels)
         if match is None:
             return [], 0
         return match[0].tolist(), min(match[1], NGRAM_CLASSES) - 1
