@@ -287,6 +287,46 @@ def test_every_nodes_cell_at_once_is_its_cell_one_by_one():
             assert t._cells(conf, bucket, agreed).tolist() == expected
 
 
+@pytest.mark.parametrize("pooled", [True, False])
+def test_the_learning_kernel_counts_what_numpy_counts(packed_kernel, pooled):
+    """decoding/goodput_choice.cpp's `learn_counterfactual` against the chooser's numpy `_learn`: the same
+    counterfactual paths (none, part of the template, its whole depth and past it) give the same trial and hit
+    counts, to the last bit, in the cells and (pooled_prior) their pools."""
+    import numpy as np
+
+    from specbench.decoding.transfers import HostCopy
+
+    rng = np.random.default_rng(1)
+    gs = [FusedTokenRecycling(vocab_size=50, cost_curve=FLAT, pooled_prior=pooled).chooser.template for _ in range(2)]
+    gs[1].host_kernels = False
+    tree = gs[0].tree
+    seq, at = [7], 0
+    for step in range(60):
+        tokens = torch.from_numpy(rng.integers(0, 6, tree.size))  # few tokens: siblings share some
+        tokens[0] = seq[-1]
+        conf = torch.from_numpy(rng.random(tree.size).astype(np.float32))
+        agreed = frozenset(rng.choice(np.arange(1, tree.size), size=step % 3, replace=False).tolist())
+        node, cont = 0, []
+        for _ in range(rng.integers(0, tree.max_depth + 2)):  # down random children, then off the template
+            kids = tree.children[node]
+            if not kids:
+                break
+            node = kids[rng.integers(0, len(kids))]
+            cont.append(int(tokens[node]))
+        seq += cont + rng.integers(0, 6, tree.max_depth + 1 - len(cont)).tolist()
+        for g in gs:
+            g._pending.append([at, HostCopy(tokens), conf, step % 2, agreed, None if step % 4 == 0 else
+                               g._cells(conf.numpy()[1:], step % 2, agreed)])
+            g._learn(torch.tensor(seq))
+        at = len(seq) - 1
+    (a, b) = (g.rates for g in gs)
+    assert not gs[0]._pending and a.weight == b.weight and a.trials.sum() > 0 and a.hits.sum() > 0
+    assert np.array_equal(a.trials, b.trials) and np.array_equal(a.hits, b.hits)
+    assert np.array_equal(a.rate_array(), b.rate_array())
+    if pooled:
+        assert np.array_equal(a.pool.trials, b.pool.trials) and np.array_equal(a.pool.hits, b.pool.hits)
+
+
 def test_the_estimate_kernel_gives_the_numpy_cells_and_estimates(packed_kernel):
     """decoding/goodput_choice.cpp's `template_probabilities` against the chooser's numpy: the same cells
     (confidence bins at their edges, unwritten entries, both buckets, agreed nodes) and the same doubles."""

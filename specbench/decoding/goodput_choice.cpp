@@ -10,6 +10,14 @@
 //     (speculation/goodput.py's `choose_nodes`, which says what it means): p capped by each parent's
 //     value, the nodes in decreasing order (ties by id), the running sum 1 + p_1 + ... + p_m over
 //     t(m + 1), the first best m, taken when it beats the plain step by 1 + min_gain.
+//   learn_counterfactual(tokens, cont, kid_start, kids, cells, trials, hits, weight, pools, pool_trials, pool_hits,
+//     pool_weight) -> the path's length: one step's counterfactual outcome counted (`GoodputSubtree._learn`). The
+//     template nodes the decided tokens `cont` would have reached (speculation/goodput.py's
+//     `counterfactual_path`: at each node the first child holding the next token; tokens: the step's template,
+//     root first; node v's children kids[kid_start[v] .. kid_start[v + 1])), then a trial of cell cells[c - 1]
+//     for every child c of the root and of each node on that path, in that order, a hit where c is on the path:
+//     trials[cell] += weight, hits[cell] += weight or 0 (RateTable.add_many's np.add.at: the same doubles, in
+//     the same order); with `pools` (a PooledRateTable's), the same into each cell's pool.
 //
 // Why kernels of our own: TR's adaptive and fused drafters estimate and choose every step; in numpy each
 // is a Python pass over the template and a handful of array calls of a few microseconds, together about
@@ -88,6 +96,59 @@ std::tuple<at::Tensor, std::vector<double>> template_probabilities(
   return {cells, p};
 }
 
+int64_t learn_counterfactual(const at::Tensor& tokens, const at::Tensor& cont, const at::Tensor& kid_start,
+                             const at::Tensor& kids, const at::Tensor& cells, at::Tensor trials, at::Tensor hits,
+                             double weight, const at::Tensor& pools, at::Tensor pool_trials, at::Tensor pool_hits,
+                             double pool_weight) {
+  const int64_t n = cells.numel(), table = trials.numel(), pooled = pools.numel();
+  for (const at::Tensor* t : {&tokens, &cont, &kid_start, &kids, &cells, &pools})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(),
+                "learn_counterfactual: int64 contiguous CPU tokens, continuation, children, cells and pools");
+  for (const at::Tensor* t : {&trials, &hits, &pool_trials, &pool_hits})
+    TORCH_CHECK(t->scalar_type() == at::kDouble && t->is_contiguous(), "learn_counterfactual: float64 counts");
+  TORCH_CHECK(tokens.numel() == n + 1 && kid_start.numel() == n + 2 && kids.numel() == n && hits.numel() == table &&
+                  (pooled == 0 || (pooled == table && pool_hits.numel() == pool_trials.numel())),
+              "learn_counterfactual: one cell per template node, children in CSR form, matching count tables");
+  const int64_t* tok = tokens.data_ptr<int64_t>();
+  const int64_t* start = kid_start.data_ptr<int64_t>();
+  const int64_t* kid = kids.data_ptr<int64_t>();
+  const int64_t* next = cont.data_ptr<int64_t>();
+  std::vector<int64_t> on_path{0};  // the root, then the path
+  std::vector<char> hit(n + 1, 0);
+  for (int64_t d = 0, node = 0; d < cont.numel(); ++d) {
+    int64_t found = -1;
+    for (int64_t i = start[node]; i < start[node + 1] && found < 0; ++i)
+      if (tok[kid[i]] == next[d]) found = kid[i];
+    if (found < 0) break;
+    on_path.push_back(found);
+    hit[found] = 1;
+    node = found;
+  }
+  const int64_t* cell = cells.data_ptr<int64_t>();
+  double* t = trials.data_ptr<double>();
+  double* h = hits.data_ptr<double>();
+  for (const int64_t v : on_path)
+    for (int64_t i = start[v]; i < start[v + 1]; ++i) {
+      const int64_t c = cell[kid[i] - 1];
+      TORCH_CHECK(c >= 0 && c < table, "learn_counterfactual: cell ", c, " outside the table");
+      t[c] += weight;
+      h[c] += hit[kid[i]] ? weight : 0.0;
+    }
+  if (pooled) {
+    const int64_t* pool = pools.data_ptr<int64_t>();
+    double* pt = pool_trials.data_ptr<double>();
+    double* ph = pool_hits.data_ptr<double>();
+    for (const int64_t v : on_path)
+      for (int64_t i = start[v]; i < start[v + 1]; ++i) {
+        const int64_t g = pool[cell[kid[i] - 1]];
+        TORCH_CHECK(g >= 0 && g < pool_trials.numel(), "learn_counterfactual: pool ", g, " outside the table");
+        pt[g] += pool_weight;
+        ph[g] += hit[kid[i]] ? pool_weight : 0.0;
+      }
+  }
+  return static_cast<int64_t>(on_path.size()) - 1;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
@@ -96,4 +157,7 @@ TORCH_LIBRARY_FRAGMENT(specbench, m) {
         &choose_nodes);
   m.def("template_probabilities(Tensor conf, Tensor node_cells, Tensor parents, Tensor rates, int bins, int group, "
         "int[] agreed, int agreed_offset) -> (Tensor, float[])", &template_probabilities);
+  m.def("learn_counterfactual(Tensor tokens, Tensor cont, Tensor kid_start, Tensor kids, Tensor cells, "
+        "Tensor(a!) trials, Tensor(b!) hits, float weight, Tensor pools, Tensor(c!) pool_trials, Tensor(d!) pool_hits, "
+        "float pool_weight) -> int", &learn_counterfactual);
 }

@@ -14,8 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from specbench.errors import SettingsError
+
+# `RateTable.counts` of a table without pools: no pool of any cell, no pool counts
+NO_POOLS = (torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64))
 
 
 def monotone_down(p: Sequence[float], parents: Sequence[int]) -> list[float]:
@@ -185,6 +189,7 @@ class RateTable:
         self.trials = np.zeros(len(self.prior))
         self.weight = 1.0
         self._rates: np.ndarray | None = None
+        self._views: tuple | None = None  # `counts`
 
     def add(self, cell: int, hit: bool) -> None:
         self.add_counts(cell, float(hit), 1.0)
@@ -201,6 +206,18 @@ class RateTable:
         cell, in order."""
         np.add.at(self.trials, cells, self.weight)
         np.add.at(self.hits, cells, self.weight * hits.astype(np.float64))
+        self._rates = None
+
+    def counts(self) -> tuple:
+        """What a kernel that adds trials in place, as `add_many` would, reads and writes (goodput_choice.cpp's
+        `learn_counterfactual`): (trials, hits, weight, pools, pool trials, pool hits, pool weight), the
+        arrays as tensors over this table's memory; without pools, empty ones. Then call `counted`."""
+        if self._views is None:
+            self._views = (torch.from_numpy(self.trials), torch.from_numpy(self.hits))
+        return (*self._views, self.weight, *NO_POOLS, 0.0)
+
+    def counted(self) -> None:
+        """Trials were added in place (`counts`): the rates are made afresh."""
         self._rates = None
 
     def next_step(self) -> None:
@@ -249,6 +266,7 @@ class PooledRateTable(RateTable):
             members.setdefault(pool, []).append(self.prior[cell])
         self.pool = RateTable([sum(members[g]) / len(members[g]) for g in range(max(self.pools) + 1)],
                               prior_steps, half_life)
+        self._pool_views: tuple | None = None  # `counts`
 
     def add(self, cell: int, hit: bool) -> None:
         super().add(cell, hit)
@@ -257,6 +275,15 @@ class PooledRateTable(RateTable):
     def add_many(self, cells: np.ndarray, hits: np.ndarray) -> None:
         super().add_many(cells, hits)
         self.pool.add_many(self._pools[cells], hits)
+
+    def counts(self) -> tuple:
+        if self._pool_views is None:
+            self._pool_views = (torch.from_numpy(self._pools),) + self.pool.counts()[:2]
+        return (*super().counts()[:3], *self._pool_views, self.pool.weight)
+
+    def counted(self) -> None:
+        super().counted()
+        self.pool.counted()
 
     def next_step(self) -> None:
         super().next_step()

@@ -143,6 +143,9 @@ class GoodputSubtree:
             # each node's cell but for its confidence bin and agreement, as `_cell` numbers them
             self._node_cells = ((np.array(self._depth_class) * 3 + np.array(self._rank_class)) * (self.BINS + 1))
             self._kids = [np.array(c, dtype=np.int64) for c in self.tree.children]  # for `_learn`
+            # the same children for our kernel: node v's are kids[start[v] : start[v + 1]]
+            self._kid_csr = (torch.tensor(np.cumsum([0] + [len(c) for c in self._kids])),
+                             torch.from_numpy(np.concatenate(self._kids)))
             self._node_cells_host = torch.from_numpy(self._node_cells.astype(np.int64))  # for our kernel
             self._parents_host = torch.tensor(self.tree.parents, dtype=torch.long)
             # prior rate of a cell: its confidence bin's midpoint; never-written entries rarely hit
@@ -208,6 +211,13 @@ class GoodputSubtree:
         depth = self.tree.max_depth
         while self._pending and self._pending[0][0] + depth < seq.numel():
             root_at, tokens, conf, bucket, agreed, cells = self._pending.popleft()
+            if conf is not None and self.host_kernels:  # the same counts in one call (decoding/goodput_choice.cpp)
+                cells = self._cells(conf.numpy()[1:], bucket, agreed) if cells is None else cells
+                torch.ops.specbench.learn_counterfactual(tokens.wait(), seq[root_at + 1 : root_at + 1 + depth],
+                                                         *self._kid_csr, torch.from_numpy(cells), *self.rates.counts())
+                self.rates.counted()
+                self.rates.next_step()
+                continue
             cont = seq[root_at + 1 : root_at + 1 + depth].tolist()
             path = counterfactual_path(self.tree.children, tokens.tolist(), cont)
             if conf is None:
