@@ -213,7 +213,8 @@ class GoodputSubtree:
             root_at, tokens, conf, bucket, agreed, cells = self._pending.popleft()
             if conf is not None and self.host_kernels:  # the same counts in one call (decoding/goodput_choice.cpp)
                 cells = self._cells(conf.numpy()[1:], bucket, agreed) if cells is None else cells
-                torch.ops.specbench.learn_counterfactual(tokens.wait(), seq[root_at + 1 : root_at + 1 + depth],
+                host = tokens.wait() if isinstance(tokens, HostCopy) else tokens
+                torch.ops.specbench.learn_counterfactual(host, seq[root_at + 1 : root_at + 1 + depth],
                                                          *self._kid_csr, torch.from_numpy(cells), *self.rates.counts())
                 self.rates.counted()
                 self.rates.next_step()
