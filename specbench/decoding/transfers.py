@@ -54,6 +54,7 @@ class HostCopy:
 
     def __init__(self, tensor: torch.Tensor):
         self._host = tensor.to("cpu", non_blocking=True)
+        self._list: list | None = None
         self._event = None
         if tensor.device.type == "cuda":
             self._event = torch.cuda.Event()
@@ -67,4 +68,8 @@ class HostCopy:
         return self._host
 
     def tolist(self) -> list:
-        return self.wait().tolist()
+        """The copy as a list, made once (the copy does not change; TR's drafters read a template's tokens
+        in two steps)."""
+        if self._list is None:
+            self._list = self.wait().tolist()
+        return self._list

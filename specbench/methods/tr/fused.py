@@ -20,7 +20,7 @@ from collections import deque
 
 import torch
 
-from specbench.decoding.transfers import to_device
+from specbench.decoding.transfers import on_host, to_device
 from specbench.draft import DraftTree
 from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
@@ -339,11 +339,17 @@ class FusedChoice:
             if len(self._subtrees_fused) > 1024:
                 self._subtrees_fused.clear()
             tree = self._subtrees_fused[sub] = DraftTree(sub)
+        node_probs = [p[v - 1] for v in nodes]
+        if on_host(self.device):  # the template's tokens are on the host already: one small tensor of the picks
+            template = self.template.template_tokens()
+            size = len(template)  # the root and the template's nodes; the retrieved ones come after them
+            picked = [template[v] if v < size else extra[v - size] for v in nodes]
+            return Draft(tokens=torch.tensor(picked, dtype=torch.long), tree=tree, node_probs=node_probs)
         # the chain's new tokens and the chosen nodes' indices reach the device in one queued copy
         sent = to_device([*extra, *nodes], self.device, torch.long)
         if extra:
             tokens = torch.cat([tokens, sent[: len(extra)]])
-        return Draft(tokens=tokens[sent[len(extra):]], tree=tree, node_probs=[p[v - 1] for v in nodes])
+        return Draft(tokens=tokens[sent[len(extra):]], tree=tree, node_probs=node_probs)
 
     def _merged(self, p: list[float], r_tokens: list[int], r_parents: list[int], r_probs: list[float],
                 at: list[int | None]) -> tuple[list[float], list[int], list[int], list[int]]:
