@@ -211,8 +211,9 @@ class GoodputSubtree:
         depth = self.tree.max_depth
         while self._pending and self._pending[0][0] + depth < seq.numel():
             root_at, tokens, conf, bucket, agreed, cells = self._pending.popleft()
+            if conf is not None and cells is None:  # the cells the step's estimates were made in
+                cells = self._cells(conf.numpy()[1:], bucket, agreed)
             if conf is not None and self.host_kernels:  # the same counts in one call (decoding/goodput_choice.cpp)
-                cells = self._cells(conf.numpy()[1:], bucket, agreed) if cells is None else cells
                 host = tokens.wait() if isinstance(tokens, HostCopy) else tokens
                 torch.ops.specbench.learn_counterfactual(host, seq[root_at + 1 : root_at + 1 + depth],
                                                          *self._kid_csr, torch.from_numpy(cells), *self.rates.counts())
@@ -228,7 +229,6 @@ class GoodputSubtree:
             kids = np.concatenate([self._kids[v] for v in (0, *path)])
             on_path = np.zeros(self.tree.size, dtype=bool)
             on_path[path] = True
-            cells = self._cells(conf.numpy()[1:], bucket, agreed) if cells is None else cells  # as chosen from
             self.rates.add_many(cells[kids - 1], on_path[kids])
             self.rates.next_step()
 
