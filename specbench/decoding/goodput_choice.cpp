@@ -25,12 +25,14 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "host_kernels.h"
+
 #include <algorithm>
 #include <numeric>
 #include <tuple>
 #include <vector>
 
-namespace {
+namespace specbench::host {
 
 std::vector<int64_t> choose_nodes(at::ArrayRef<double> p, at::ArrayRef<int64_t> parents,
                                   at::ArrayRef<double> step_times, double min_gain, c10::optional<int64_t> max_nodes) {
@@ -149,15 +151,15 @@ int64_t learn_counterfactual(const at::Tensor& tokens, const at::Tensor& cont, c
   return static_cast<int64_t>(on_path.size()) - 1;
 }
 
-}  // namespace
+}  // namespace specbench::host
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   // no tensor argument to dispatch on: one kernel for every caller
   m.def("choose_nodes(float[] p, int[] parents, float[] step_times, float min_gain, int? max_nodes) -> int[]",
-        &choose_nodes);
+        &specbench::host::choose_nodes);
   m.def("template_probabilities(Tensor conf, Tensor node_cells, Tensor parents, Tensor rates, int bins, int group, "
-        "int[] agreed, int agreed_offset) -> (Tensor, float[])", &template_probabilities);
+        "int[] agreed, int agreed_offset) -> (Tensor, float[])", &specbench::host::template_probabilities);
   m.def("learn_counterfactual(Tensor tokens, Tensor cont, Tensor kid_start, Tensor kids, Tensor cells, "
         "Tensor(a!) trials, Tensor(b!) hits, float weight, Tensor pools, Tensor(c!) pool_trials, Tensor(d!) pool_hits, "
-        "float pool_weight) -> int", &learn_counterfactual);
+        "float pool_weight) -> int", &specbench::host::learn_counterfactual);
 }

@@ -17,6 +17,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "host_kernels.h"
+
 #include <algorithm>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -81,7 +83,7 @@ float keyed_gumbel(const float* table, uint32_t row_key, int64_t token) {
   return table[uniform_index(row_key, static_cast<uint32_t>(token))];
 }
 
-namespace {
+namespace host {
 
 at::Tensor sample_keyed(const at::Tensor& scores, int64_t key, at::ArrayRef<int64_t> positions,
                         const at::Tensor& table, const at::Tensor& low, const at::Tensor& high) {
@@ -195,11 +197,11 @@ at::Tensor sample_keyed(const at::Tensor& scores, int64_t key, at::ArrayRef<int6
   return out;
 }
 
-}  // namespace
+}  // namespace host
 
 }  // namespace specbench
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("sample_keyed(Tensor scores, int key, int[] positions, Tensor table, Tensor low, Tensor high) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(specbench, CPU, m) { m.impl("sample_keyed", &specbench::sample_keyed); }
+TORCH_LIBRARY_IMPL(specbench, CPU, m) { m.impl("sample_keyed", &specbench::host::sample_keyed); }

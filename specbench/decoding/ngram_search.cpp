@@ -9,10 +9,12 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "host_kernels.h"
+
 #include <algorithm>
 #include <tuple>
 
-namespace {
+namespace specbench::host {
 
 std::tuple<int64_t, int64_t> find_ngram(const at::Tensor& seq, int64_t max_ngram_size, int64_t num_pred_tokens) {
   TORCH_CHECK(seq.dim() == 1 && seq.scalar_type() == at::kLong && seq.device().is_cpu(),
@@ -32,9 +34,9 @@ std::tuple<int64_t, int64_t> find_ngram(const at::Tensor& seq, int64_t max_ngram
   return {-1, 0};
 }
 
-}  // namespace
+}  // namespace specbench::host
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("find_ngram(Tensor seq, int max_ngram_size, int num_pred_tokens) -> (int, int)");
 }
-TORCH_LIBRARY_IMPL(specbench, CPU, m) { m.impl("find_ngram", &find_ngram); }
+TORCH_LIBRARY_IMPL(specbench, CPU, m) { m.impl("find_ngram", &specbench::host::find_ngram); }

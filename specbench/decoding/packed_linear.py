@@ -12,7 +12,9 @@ verified row, drafting/row_summary.py), `tree_expansion.cpp` (its template expan
 drafting/recycling.py) and `goodput_choice.cpp` (the goodput chooser's estimates and sub-tree, methods/tr/adaptive.py),
 the sampler's `keyed_sampling.cpp` (a sampled row's token without drawing its noise, decoding/sampling.py)
 and Prompt Lookup's `ngram_search.cpp` (drafting/ngram.py, for `pld` and `tr_fused`), so a machine builds one
-extension, once.
+extension, once. Those host kernels are torch ops (`torch.ops.specbench.*`) and also, through
+`host_bindings.cpp`, functions of the extension's own Python module (`host_kernels()`), which the drafters
+and the sampler call every step: the same C++ without torch's dispatcher in front.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ PANEL = 6  # output columns per panel, as in packed_linear.cpp
 SOURCE = os.path.join(os.path.dirname(__file__), "packed_linear.cpp")
 SOURCES = [SOURCE, *(os.path.join(os.path.dirname(__file__), f) for f in ("row_summary.cpp", "tree_expansion.cpp",
                                                                              "goodput_choice.cpp", "keyed_sampling.cpp",
-                                                                             "ngram_search.cpp"))]
+                                                                             "ngram_search.cpp", "host_bindings.cpp"))]
 
 
 def available() -> bool:
@@ -106,6 +108,18 @@ def load_kernel() -> float:
     return time.perf_counter() - t0
 
 
+_module: list = [None]  # the extension's Python module once built and loaded (host_bindings.cpp)
+
+
+def host_kernels():
+    """The host kernels' direct bindings (row_summary, write_rows, expand_*, choose_nodes, ...: the same
+    functions as `torch.ops.specbench.*`), or None where the extension does not build here. The first
+    call builds it."""
+    if _module[0] is None and available():
+        build_problem()
+    return _module[0]
+
+
 def clear_stale_baton(build_dir: str, stale_after: float = STALE_BATON_SECONDS) -> bool:
     """Remove the build lock a killed build left behind (torch's FileBaton waits for it forever, so every
     later run would hang before its first forward); a younger lock is another process building now.
@@ -130,8 +144,8 @@ def _build() -> None:
     except Exception:
         pass
     extra = os.environ.get(EXTRA_CFLAGS_ENV, "").split()
-    load(name=NAME, sources=SOURCES, is_python_module=False,
-         extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *extra], extra_ldflags=["-fopenmp"])
+    _module[0] = load(name=NAME, sources=SOURCES, is_python_module=True,
+                      extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", *extra], extra_ldflags=["-fopenmp"])
 
     @torch.library.register_fake("specbench::packed_linear")
     def _shape(x, w, n, bias):

@@ -14,6 +14,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include "host_kernels.h"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -139,26 +141,6 @@ void summarise(const float* row, int64_t vocab, int64_t k, bool normaliser, floa
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> row_summary(const at::Tensor& logits, int64_t k, bool normaliser) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu(),
-              "row_summary takes a 2-D float32 CPU tensor");
-  const int64_t rows = logits.size(0), vocab = logits.size(1);
-  TORCH_CHECK(k >= 1 && k <= vocab, "row_summary needs 1 <= k <= vocab, got k=", k, " for ", vocab);
-  const at::Tensor x = logits.contiguous();
-  at::Tensor values = at::empty({rows, k}, x.options());
-  at::Tensor indices = at::empty({rows, k}, x.options().dtype(at::kLong));
-  at::Tensor log_norm = at::empty({normaliser ? rows : 0}, x.options());
-  const float* src = x.data_ptr<float>();
-  float* v = values.data_ptr<float>();
-  int64_t* ix = indices.data_ptr<int64_t>();
-  float* ln = log_norm.data_ptr<float>();
-  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      summarise(src + r * vocab, vocab, k, normaliser, v + r * k, ix + r * k, normaliser ? ln + r : nullptr);
-  });
-  return {values, indices, log_norm};
-}
-
 // One row of the coupling tables a coupled expansion reads (drafting/recycling.py's `coupling_tables`, which
 // says what they mean), from the row's k probabilities: -log(p) / T per candidate, and the log of the tail
 // bound (1 - sum p) p_min^(1/T - 1).
@@ -177,6 +159,30 @@ void check_tables(const at::Tensor& neg_log_p, const at::Tensor& log_tail, int64
                   neg_log_p.size(0) == rows && neg_log_p.size(1) == k && log_tail.scalar_type() == at::kFloat &&
                   log_tail.is_contiguous() && log_tail.numel() == rows,
               "coupling tables: float32 (rows, k) and (rows,), contiguous");
+}
+
+}  // namespace
+
+namespace specbench::host {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> row_summary(const at::Tensor& logits, int64_t k, bool normaliser) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu(),
+              "row_summary takes a 2-D float32 CPU tensor");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(k >= 1 && k <= vocab, "row_summary needs 1 <= k <= vocab, got k=", k, " for ", vocab);
+  const at::Tensor x = logits.contiguous();
+  at::Tensor values = at::empty({rows, k}, x.options());
+  at::Tensor indices = at::empty({rows, k}, x.options().dtype(at::kLong));
+  at::Tensor log_norm = at::empty({normaliser ? rows : 0}, x.options());
+  const float* src = x.data_ptr<float>();
+  float* v = values.data_ptr<float>();
+  int64_t* ix = indices.data_ptr<int64_t>();
+  float* ln = log_norm.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      summarise(src + r * vocab, vocab, k, normaliser, v + r * k, ix + r * k, normaliser ? ln + r : nullptr);
+  });
+  return {values, indices, log_norm};
 }
 
 // specbench::coupling_tables(probs, temperature) -> (neg_log_p, log_tail) of every row of a (rows, k) float32 tensor
@@ -254,7 +260,7 @@ at::Tensor write_rows(const at::Tensor& logits, int64_t root, const c10::optiona
   return p;
 }
 
-}  // namespace
+}  // namespace specbench::host
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("row_summary(Tensor logits, int k, bool normaliser) -> (Tensor, Tensor, Tensor)");
@@ -263,7 +269,7 @@ TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("coupling_tables(Tensor probs, float temperature) -> (Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(specbench, CPU, m) {
-  m.impl("row_summary", &row_summary);
-  m.impl("write_rows", &write_rows);
-  m.impl("coupling_tables", &coupling_tables);
+  m.impl("row_summary", &specbench::host::row_summary);
+  m.impl("write_rows", &specbench::host::write_rows);
+  m.impl("coupling_tables", &specbench::host::coupling_tables);
 }

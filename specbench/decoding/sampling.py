@@ -28,6 +28,7 @@ import torch
 
 from specbench.decoding.transfers import to_device
 from specbench.decoding.verify import row_argmax
+from specbench.decoding.packed_linear import host_kernels
 
 _M32 = 0xFFFFFFFF
 KEPT_NOISE_ROWS = 64  # a deep tree's positions and a few behind them; 64 x a 150k vocabulary: 38 MB
@@ -208,7 +209,7 @@ class PositionSampler:
         if positions.device.type == "cpu":
             at = positions.reshape(-1).tolist()
             if dev.type == "cpu" and scores.dim() == 2 and self.keyed():
-                return torch.ops.specbench.sample_keyed(scores, self.key, at, *gumbel_table())
+                return host_kernels().sample_keyed(scores, self.key, at, *gumbel_table())
             vocab = scores.shape[-1]
             uniq = sorted(set(at))
             rows = dict(zip(uniq, self._noise(uniq, vocab, dev)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from specbench.errors import SettingsError
+from specbench.decoding.packed_linear import host_kernels
 
 
 def check_ngram(max_ngram_size: int, num_pred_tokens: int) -> None:
@@ -41,7 +42,7 @@ def find_match(seq: torch.Tensor, max_ngram_size: int = 3, num_pred_tokens: int 
     CPU tensor (DecodeState's); without our kernel the tests run in numpy over a view of it, whose calls
     cost a fraction of torch's on arrays this small."""
     if kernel and seq.dtype == torch.long:
-        start, n = torch.ops.specbench.find_ngram(seq, max_ngram_size, num_pred_tokens)
+        start, n = host_kernels().find_ngram(seq, max_ngram_size, num_pred_tokens)
         return None if n == 0 else (seq[start : start + num_pred_tokens], n)
     ids = seq.numpy()
     length = ids.size

@@ -29,6 +29,7 @@ from specbench.draft import DraftTree, StepOutcome
 from specbench.drafting.recycling_statistics import RecyclingStatistics
 from specbench.drafting.row_summary import kernel_ready, probabilities, row_summary
 from specbench.errors import MissingFileError, SettingsError
+from specbench.decoding.packed_linear import host_kernels
 
 # The published template "2.2.2": child counts per node, depth by depth, breadth-first.
 # 80 draft nodes, depth 6, nodes per depth 8, 21, 25, 15, 8, 3.
@@ -128,7 +129,7 @@ def coupling_tables(probs: np.ndarray, temperature: float) -> tuple[np.ndarray, 
     our CPU kernels run they are made there (decoding/row_summary.cpp, which also refreshes a step's rows as
     it writes them): the same definition in its own float32 rounding."""
     if kernel_ready():
-        neg_log_p, log_tail = torch.ops.specbench.coupling_tables(torch.from_numpy(probs), temperature)
+        neg_log_p, log_tail = host_kernels().coupling_tables(torch.from_numpy(probs), temperature)
         return neg_log_p.numpy(), log_tail.numpy()
     inv_t = 1.0 / temperature
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
@@ -249,7 +250,7 @@ class Recycling:
         if on_host(self.device):
             if kernel_ready():
                 parents, rank, _ = self.host_nodes
-                tokens, conf = torch.ops.specbench.expand_template(self.matrix, probs, parents, rank, root)
+                tokens, conf = host_kernels().expand_template(self.matrix, probs, parents, rank, root)
                 return tokens, None if probs is None else conf
             matrix, table = self.host[0], None if probs is None else self.host[2]
             tokens = np.empty(size, dtype=np.int64)
@@ -283,11 +284,11 @@ class Recycling:
             parents, rank, depth = self.host_nodes
             tables = self._table_views
             if keyed and noise.sampler.keyed():
-                return torch.ops.specbench.expand_coupled_keyed(
+                return host_kernels().expand_coupled_keyed(
                     self.matrix, self.probs, *tables, noise.sampler.key, list(noise.positions), gumbel_table()[0],
                     parents, rank, depth, root)
             rows = noise.rows(self.matrix.shape[0]) if keyed else noise
-            return torch.ops.specbench.expand_coupled(
+            return host_kernels().expand_coupled(
                 self.matrix, self.probs, *tables, [torch.from_numpy(g) for g in rows], parents, rank, depth, root)
         rows = noise.rows(self.matrix.shape[0]) if keyed else noise
         tokens, conf = coupled_expansion(self.host[0], self.host[2], self.host_levels, root,
@@ -386,7 +387,7 @@ class Recycling:
         there, a token on several rows keeping its last row's)."""
         draft = outcome.draft
         tables = self._table_views or (None, None)
-        torch.ops.specbench.write_rows(outcome.logits, outcome.root, None if draft is None else draft.tokens,
+        host_kernels().write_rows(outcome.logits, outcome.root, None if draft is None else draft.tokens,
                                        self.matrix, self.written, self.probs, *tables, self.temperature or 1.0)
 
     def _refresh_tables(self, tokens: np.ndarray) -> None:

@@ -20,6 +20,7 @@ import sys
 from collections import namedtuple
 
 import torch
+from specbench.decoding.packed_linear import host_kernels
 
 RowSummary = namedtuple("RowSummary", "values indices log_norm")  # log_norm: (rows, 1) float32, or None
 TopK = namedtuple("TopK", "values indices")
@@ -71,7 +72,7 @@ def row_summary(logits: torch.Tensor, k: int, normaliser: bool = True) -> RowSum
     with `normaliser`, each row's logsumexp as a (rows, 1) float32 column."""
     if logits.device.type == "cpu" and logits.shape[-1] >= k and kernel_ready():
         x = logits if logits.dtype == torch.float32 else logits.float()
-        values, indices, log_norm = torch.ops.specbench.row_summary(x, k, normaliser)
+        values, indices, log_norm = host_kernels().row_summary(x, k, normaliser)
         return RowSummary(values, indices, log_norm[:, None] if normaliser else None)
     top = top_k_rows(logits, k)
     if not normaliser:

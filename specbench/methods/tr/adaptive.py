@@ -27,6 +27,7 @@ from specbench.draft import DraftTree
 from specbench.drafting.recycling import Recycling
 from specbench.drafting.row_summary import kernel_ready
 from specbench.methods.tr.base import TokenRecycling, TRSettings
+from specbench.decoding.packed_linear import host_kernels
 
 
 @dataclass
@@ -215,7 +216,7 @@ class GoodputSubtree:
                 cells = self._cells(conf.numpy()[1:], bucket, agreed)
             if conf is not None and self.host_kernels:  # the same counts in one call (decoding/goodput_choice.cpp)
                 host = tokens.wait() if isinstance(tokens, HostCopy) else tokens
-                torch.ops.specbench.learn_counterfactual(host, seq[root_at + 1 : root_at + 1 + depth],
+                host_kernels().learn_counterfactual(host, seq[root_at + 1 : root_at + 1 + depth],
                                                          *self._kid_csr, torch.from_numpy(cells), *self.rates.counts())
                 self.rates.counted()
                 self.rates.next_step()
@@ -241,7 +242,7 @@ class GoodputSubtree:
         if self.host_kernels:  # the same cells and estimates in one call (decoding/goodput_choice.cpp)
             bucket_cells = (self.BINS + 1) * 3 * self._depths  # `_cell`'s numbering
             offset = self._buckets * bucket_cells if agreed and self.agreement_classes > 1 else 0
-            cells, p = torch.ops.specbench.template_probabilities(
+            cells, p = host_kernels().template_probabilities(
                 conf, self._node_cells_host, self._parents_host, torch.from_numpy(self.rates.rate_array()),
                 self.BINS, bucket * bucket_cells, list(agreed) if offset else [], offset)
             self._pending[-1][5] = cells.numpy()
@@ -291,7 +292,7 @@ class GoodputSubtree:
         if max(p, default=0.0) < self._plain_below(context):
             return ()
         if self.host_kernels:  # the same choice in one call (decoding/goodput_choice.cpp)
-            return tuple(torch.ops.specbench.choose_nodes(p, parents, self.times.at(context), self.settings.min_gain,
+            return tuple(host_kernels().choose_nodes(p, parents, self.times.at(context), self.settings.min_gain,
                                                           max_nodes))
         return choose_nodes(p, parents, self.times.at(context), self.settings.min_gain, max_nodes)
 

@@ -1,0 +1,43 @@
+// The host kernels as a Python module of their own (packed_linear.py's `host_kernels()`), beside the torch ops
+// the other files register: the same C++ functions, called without torch's dispatcher. A call through
+// torch.ops unpacks its arguments against the op's schema, boxes them and walks the dispatch keys before the
+// kernel starts; after a CPU forward has swept the caches that path costs some 30 microseconds a call, and a
+// drafter makes half a dozen calls a step. pybind11's direct call costs a few.
+#include <torch/extension.h>
+
+#include "host_kernels.h"
+
+namespace h = specbench::host;
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("row_summary", &h::row_summary);
+  m.def("coupling_tables", &h::coupling_tables);
+  m.def("write_rows", &h::write_rows);
+  m.def("expand_template", &h::expand_template);
+  m.def("expand_coupled", [](const at::Tensor& matrix, const at::Tensor& probs, const at::Tensor& neg_log_p,
+                             const at::Tensor& log_tail, const std::vector<at::Tensor>& noise, const at::Tensor& parent,
+                             const at::Tensor& rank, const at::Tensor& depth, int64_t root) {
+    return h::expand_coupled(matrix, probs, neg_log_p, log_tail, noise, parent, rank, depth, root);
+  });
+  m.def("expand_coupled_keyed", [](const at::Tensor& matrix, const at::Tensor& probs, const at::Tensor& neg_log_p,
+                                   const at::Tensor& log_tail, int64_t key, const std::vector<int64_t>& positions,
+                                   const at::Tensor& table, const at::Tensor& parent, const at::Tensor& rank,
+                                   const at::Tensor& depth, int64_t root) {
+    return h::expand_coupled_keyed(matrix, probs, neg_log_p, log_tail, key, positions, table, parent, rank, depth, root);
+  });
+  m.def("choose_nodes", [](const std::vector<double>& p, const std::vector<int64_t>& parents,
+                           const std::vector<double>& step_times, double min_gain, c10::optional<int64_t> max_nodes) {
+    return h::choose_nodes(p, parents, step_times, min_gain, max_nodes);
+  });
+  m.def("template_probabilities", [](const at::Tensor& conf, const at::Tensor& node_cells, const at::Tensor& parents,
+                                     const at::Tensor& rates, int64_t bins, int64_t group,
+                                     const std::vector<int64_t>& agreed, int64_t agreed_offset) {
+    return h::template_probabilities(conf, node_cells, parents, rates, bins, group, agreed, agreed_offset);
+  });
+  m.def("learn_counterfactual", &h::learn_counterfactual);
+  m.def("sample_keyed", [](const at::Tensor& scores, int64_t key, const std::vector<int64_t>& positions,
+                           const at::Tensor& table, const at::Tensor& low, const at::Tensor& high) {
+    return h::sample_keyed(scores, key, positions, table, low, high);
+  });
+  m.def("find_ngram", &h::find_ngram);
+}
