@@ -27,22 +27,22 @@ namespace {
 
 constexpr int64_t kBlock = 64;  // logits per block, 8 vectors of 8
 
-// exp(x) for x <= 0 within 2e-7 relative: x = n ln 2 + r (Cody-Waite's two-part ln 2, |r| <= ln 2 / 2), e^r by a
-// degree-5 polynomial (minimax in relative error, 1 at r = 0 exactly), n added to its exponent bits. Below -87
-// the result is about 2^-126 rather than 0, which no softmax denominator can tell apart (every lane's sum
-// holds a 1). A third fewer instructions than Cephes' expf, which this replaced: the normaliser's exps are most
-// of a verified row's summary.
+// exp(x) for x <= 0 within 3e-7 relative, as 2^t with t = x log2(e): t = n + r (n the nearest integer, r = t - n
+// exact, |r| <= 1/2), 2^r by a degree-5 polynomial (minimax in relative error for e^x on |x| <= ln 2 / 2, its
+// coefficients times powers of ln 2; 1 at r = 0 exactly), n added to its exponent bits. Below 2^-126 the result
+// is about 2^-126 rather than 0, which no softmax denominator can tell apart (every lane's sum holds a 1). The
+// normaliser's exps are most of a verified row's summary, and their multiplies and FMAs share two ports: six a
+// vector here, where Cody-Waite's exact reduction in e's base took eight.
 inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // NaN (a lane of -inf logits, -inf - -inf) -> -87 too
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(8.2903150469e-3f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1897930205e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6667635739e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.9999150634e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(9.9999970198e-1f));
+  __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+  t = _mm256_max_ps(t, _mm256_set1_ps(-126.0f));  // NaN (a lane of -inf logits, -inf - -inf) -> -126 too
+  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_sub_ps(t, n);
+  __m256 y = _mm256_set1_ps(1.326472731307149e-3f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(9.671512991189957e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.550733581185341e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(2.4022242426872253e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(6.931470036506653e-1f));
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
   const __m256i scale = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
   return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), scale));

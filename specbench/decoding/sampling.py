@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specbench.decoding.transfers import to_device
+from specbench.decoding.transfers import on_host, to_device
 from specbench.decoding.verify import row_argmax
 from specbench.decoding.packed_linear import host_kernels
 
@@ -208,7 +208,7 @@ class PositionSampler:
         dev = logits.device
         if positions.device.type == "cpu":
             at = positions.reshape(-1).tolist()
-            if dev.type == "cpu" and scores.dim() == 2 and self.keyed():
+            if on_host(dev) and scores.dim() == 2 and self.keyed():  # a SyncAudit's stand-in: the device's path
                 return host_kernels().sample_keyed(scores, self.key, at, *gumbel_table())
             vocab = scores.shape[-1]
             uniq = sorted(set(at))

@@ -52,11 +52,13 @@ def stacked_to_device(parts: list[torch.Tensor], device) -> list[torch.Tensor]:
 class HostCopy:
     """A device tensor's copy on the host, started without waiting; read it through `wait()`."""
 
-    def __init__(self, tensor: torch.Tensor):
-        self._host = tensor.to("cpu", non_blocking=True)
+    def __init__(self, tensor: torch.Tensor, host: bool = False):
+        """`host`: the caller knows `tensor` is host memory already (`on_host`): kept as it is, without
+        the copy's or the device check's microseconds."""
+        self._host = tensor if host else tensor.to("cpu", non_blocking=True)
         self._list: list | None = None
         self._event = None
-        if tensor.device.type == "cuda":
+        if not host and tensor.device.type == "cuda":
             self._event = torch.cuda.Event()
             self._event.record()
 

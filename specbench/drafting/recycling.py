@@ -300,7 +300,7 @@ class Recycling:
         """Per root (a token, or a tensor of them): whether its matrix row was never written, and
         whether its rank-0 entry is the token the target chose after it (`firsts`); bool tensors on
         the device, or for one root on a CPU two bools."""
-        if isinstance(roots, int) and on_host(self.device):  # plain numbers: no tensor to make
+        if isinstance(roots, int) and self.host is not None:  # on the host, plain numbers: no tensor to make
             written = bool(self.host[1][roots])
             return not written, written and int(self.host[0][roots, 0]) == firsts
         written = self.written[roots]
@@ -373,7 +373,7 @@ class Recycling:
         root, first = outcome.root, (outcome.emitted or [outcome.bonus])[0]
         if counted:
             self.count(outcome, nodes, *self.root_facts(root, first))  # the matrix before this step's writes
-        if on_host(self.device) and outcome.logits.device.type == "cpu":
+        if self.host is not None and outcome.logits.is_cpu:
             if self.settings.update == "all_rows" and outcome.logits.dtype == torch.float32 and kernel_ready():
                 self._write_step(outcome)
             else:

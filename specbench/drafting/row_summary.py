@@ -20,7 +20,9 @@ import sys
 from collections import namedtuple
 
 import torch
+
 from specbench.decoding.packed_linear import host_kernels
+from specbench.decoding.transfers import on_host
 
 RowSummary = namedtuple("RowSummary", "values indices log_norm")  # log_norm: (rows, 1) float32, or None
 TopK = namedtuple("TopK", "values indices")
@@ -70,7 +72,8 @@ def kernel_ready() -> bool:
 def row_summary(logits: torch.Tensor, k: int, normaliser: bool = True) -> RowSummary:
     """The top k of each row of a 2-D tensor (values descending, as float32 on the kernel's path) and,
     with `normaliser`, each row's logsumexp as a (rows, 1) float32 column."""
-    if logits.device.type == "cpu" and logits.shape[-1] >= k and kernel_ready():
+    # on_host, not the device's type: while a SyncAudit has the CPU stand in for an accelerator, its ops run
+    if on_host(logits.device) and logits.shape[-1] >= k and kernel_ready():
         x = logits if logits.dtype == torch.float32 else logits.float()
         values, indices, log_norm = host_kernels().row_summary(x, k, normaliser)
         return RowSummary(values, indices, log_norm[:, None] if normaliser else None)

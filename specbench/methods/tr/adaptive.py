@@ -117,7 +117,8 @@ class GoodputSubtree:
         if self.sampler is not None:
             source.couple(self.sampler.temperature)
         # our CPU kernels built (Recycling's constructor asked): the choice in one call of ours too
-        self.host_kernels = on_host(self.device) and kernel_ready()
+        self.on_host = on_host(self.device)  # asked once: a device check costs microseconds a step
+        self.host_kernels = self.on_host and kernel_ready()
         self.reset()
 
     @staticmethod
@@ -336,8 +337,8 @@ class GoodputSubtree:
         tokens, conf = self._expand_with_confidence(int(seq[-1]), seq.numel() - 1)
         # The template's tokens are read steps later, when the copy has long arrived: started now,
         # waited on then (confidences are read now: on an accelerator the sync the docstring mentions).
-        host = HostCopy(tokens)
-        host_conf = None if conf is None else conf.to("cpu")
+        host = HostCopy(tokens, self.on_host)
+        host_conf = conf if conf is None or self.on_host else conf.to("cpu")
         self._pending.append([seq.numel() - 1, host, host_conf, bucket, frozenset(), None])
         self._last = (seq.numel() - 1, host)
         return tokens, host_conf, bucket

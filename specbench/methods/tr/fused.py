@@ -18,9 +18,10 @@ import sys
 from dataclasses import dataclass
 from collections import deque
 
+import numpy as np
 import torch
 
-from specbench.decoding.transfers import on_host, to_device
+from specbench.decoding.transfers import to_device
 from specbench.draft import DraftTree
 from specbench.draft import DecodeState, Draft, StepOutcome
 from specbench.errors import SettingsError
@@ -340,11 +341,12 @@ class FusedChoice:
                 self._subtrees_fused.clear()
             tree = self._subtrees_fused[sub] = DraftTree(sub)
         node_probs = [p[v - 1] for v in nodes]
-        if on_host(self.device):  # the template's tokens are on the host already: one small tensor of the picks
+        if self.template.on_host:  # the template's tokens are on the host already: one small tensor of the picks
             template = self.template.template_tokens()
             size = len(template)  # the root and the template's nodes; the retrieved ones come after them
-            picked = [template[v] if v < size else extra[v - size] for v in nodes]
-            return Draft(tokens=torch.tensor(picked, dtype=torch.long), tree=tree, node_probs=node_probs)
+            picked = np.array([template[v] if v < size else extra[v - size] for v in nodes], dtype=np.int64)
+            # through numpy: torch.tensor of a list costs twice as much, most of it after a forward's sweep
+            return Draft(tokens=torch.from_numpy(picked), tree=tree, node_probs=node_probs)
         # the chain's new tokens and the chosen nodes' indices reach the device in one queued copy
         sent = to_device([*extra, *nodes], self.device, torch.long)
         if extra:
