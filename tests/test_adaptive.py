@@ -207,6 +207,25 @@ def test_path_probabilities_and_rate_table():
     assert rates.rates()[0] == pytest.approx((25 + 1) / 102, rel=1e-3) and rates.rates()[1] == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize("pooled", [False, True])
+def test_one_cells_rate_is_the_tables_double(pooled):
+    """`rate(cell)` makes one cell's q as `rate_array` makes every cell's: the same double, pooled or not,
+    with and without a prior, before and after the table's own cache is made."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for prior_steps in (4.0, 0.0):
+        prior = rng.uniform(0.05, 0.95, 12).tolist()
+        table = (PooledRateTable(prior, pools=[c % 3 for c in range(12)], prior_steps=prior_steps, half_life=50)
+                 if pooled else RateTable(prior, prior_steps=prior_steps, half_life=50))
+        for step in range(40):
+            for cell in rng.integers(0, 10, 5):  # cells 10 and 11 never tried
+                table.add(int(cell), bool(rng.random() < 0.4))
+            table.next_step()
+            ours = [table.rate(c) for c in range(12)]
+            assert ours == table.rate_array().tolist() == [table.rate(c) for c in range(12)]
+
+
 def test_adaptive_needs_a_curve_and_refuses_tree_adaptive_for_tr():
     with pytest.raises(ValueError, match="cost curve"):
         AdaptiveTokenRecycling(vocab_size=10)

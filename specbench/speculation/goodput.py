@@ -249,6 +249,21 @@ class RateTable:
         """q(c) for every cell."""
         return self.rate_array().tolist()
 
+    def rate(self, cell: int) -> float:
+        """q(cell) alone, the same double as `rate_array()[cell]`: a drafter that reads a few cells a step
+        (a chain's) then makes those, not every cell's (a dozen numpy calls a step, the caches cold after a
+        CPU forward)."""
+        if self._rates is not None:
+            return float(self._rates[cell])
+        pm = self.prior_steps * self.weight
+        base, denom = self._base_at(cell), float(self.trials[cell]) + pm
+        if pm <= 0 and denom <= 0:
+            return base
+        return (float(self.hits[cell]) + pm * base) / denom
+
+    def _base_at(self, cell: int) -> float:
+        return self.prior[cell]
+
 
 class PooledRateTable(RateTable):
     """A RateTable whose cells are shrunk towards their pool's rate instead of a fixed prior: a pool
@@ -291,3 +306,6 @@ class PooledRateTable(RateTable):
 
     def _base(self) -> np.ndarray:
         return self.pool.rate_array()[self._pools]
+
+    def _base_at(self, cell: int) -> float:
+        return self.pool.rate(self.pools[cell])

@@ -264,10 +264,10 @@ class FusedChoice:
         """Each chain token's learnt estimate of being accepted (its first `agreed` tokens are template
         nodes too); the chain is remembered, to be learnt from once the tokens after `root_at` decide it."""
         self._chains.append((root_at, chain, cls, agreed))
-        rates = self.chain_rates.rates()
+        rate = self.chain_rates.rate  # the chain's cells alone
         chain_p, prob = [], 1.0
         for d in range(1, len(chain) + 1):
-            prob *= rates[self._chain_cell(cls, d, d <= agreed)]
+            prob *= rate(self._chain_cell(cls, d, d <= agreed))
             chain_p.append(prob)
         return chain_p
 
