@@ -9,6 +9,7 @@ import torch
 from specbench.decoding.engine import Engine
 from specbench.draft import DecodeState
 from specbench.speculation.cost import CostCurve
+from specbench.speculation.goodput import PooledRateTable
 from specbench.methods.ar import Autoregressive
 from specbench.methods.tr.fused import (MATRIX, SUFFIX_BINS, FusedTokenRecycling, merge_chain, merge_tree,
                                         retrieved_trials, suffix_cells)
@@ -327,12 +328,17 @@ def test_the_learning_kernel_counts_what_numpy_counts(packed_kernel, pooled):
         assert np.array_equal(a.pool.trials, b.pool.trials) and np.array_equal(a.pool.hits, b.pool.hits)
 
 
-def test_the_estimate_kernel_gives_the_numpy_cells_and_estimates(packed_kernel):
+@pytest.mark.parametrize("pooled,prior_steps", [(True, None), (False, None), (True, 0.0), (False, 0.0)])
+def test_the_estimate_kernel_gives_the_numpy_cells_and_estimates(packed_kernel, pooled, prior_steps):
     """decoding/goodput_choice.cpp's `template_probabilities` against the chooser's numpy: the same cells
-    (confidence bins at their edges, unwritten entries, both buckets, agreed nodes) and the same doubles."""
+    (confidence bins at their edges, unwritten entries, both buckets, agreed nodes) and the same doubles,
+    the kernel making each cell's rate from the table's counts (pooled or not, with a prior or none, where a
+    cell never tried keeps its base)."""
     import numpy as np
 
-    g = FusedTokenRecycling(vocab_size=50, cost_curve=FLAT).chooser.template
+    g = FusedTokenRecycling(vocab_size=50, cost_curve=FLAT, pooled_prior=pooled,
+                            prior_steps=prior_steps).chooser.template
+    assert isinstance(g.rates, PooledRateTable) == pooled
     assert g.host_kernels and g.agreement_classes == 2
     rng = np.random.default_rng(0)
     n, cells = g.tree.size - 1, len(g.rates.prior)

@@ -1,11 +1,13 @@
 // The goodput chooser's host work for TR's template (methods/tr/adaptive.py), each in one call and in the
 // same doubles as the numpy it replaces:
 //
-//   template_probabilities(conf, node_cells, parents, rates, bins, group, agreed, agreed_offset)
+//   template_probabilities(conf, node_cells, parents, bins, group, agreed, agreed_offset, trials, hits, prior,
+//     weight, prior_steps, pools, pool_trials, pool_hits, pool_prior, pool_weight)
 //     -> (cells, p): every template node's rate cell (`GoodputSubtree._cells`: its confidence conf[v]
 //     binned into `bins` bins, bin `bins` for an entry never written, plus the node's own cell, the
 //     context bucket's `group` and, for the nodes in `agreed`, `agreed_offset`) and its estimate
-//     p(v) = p(parent) x rates[cell] (`GoodputSubtree.probabilities`; conf and p: root first / not).
+//     p(v) = p(parent) x q(cell) (`GoodputSubtree.probabilities`; conf and p: root first / not), q made for
+//     those cells alone from the rate table's counts (`RateTable.terms`), the same doubles as its `rate_array`.
 //   choose_nodes(p, parents, step_times, min_gain, max_nodes) -> node ids: the sub-tree
 //     (speculation/goodput.py's `choose_nodes`, which says what it means): p capped by each parent's
 //     value, the nodes in decreasing order (ties by id), the running sum 1 + p_1 + ... + p_m over
@@ -66,15 +68,73 @@ std::vector<int64_t> choose_nodes(at::ArrayRef<double> p, at::ArrayRef<int64_t> 
   return chosen;
 }
 
+}  // namespace specbench::host
+
+namespace {
+
+// `RateTable.rate_array`'s q of one cell, the same double: (hits + pm * base) / (trials + pm), pm = prior_steps x
+// weight; without a prior (pm = 0) a cell never tried keeps its base. The product is kept out of an FMA (the
+// empty asm makes it a value of its own): numpy rounds it before the sum, and so must this.
+inline double shrunk_rate(double hits, double trials, double base, double pm) {
+  double shrink = pm * base;
+  asm("" : "+x"(shrink));
+  const double denom = trials + pm;
+  if (!(pm > 0) && !(denom > 0)) return base;
+  return (hits + shrink) / denom;
+}
+
+// A RateTable's arrays (`RateTable.terms`), pooled or not: q(cell) as its `rate_array` makes it
+struct RateTerms {
+  const double *trials, *hits, *prior;
+  double pm;
+  int64_t cells;
+  const int64_t* pools;  // null: no pools, the prior is the base
+  const double *pool_trials, *pool_hits, *pool_prior;
+  double pool_pm;
+  int64_t pool_count;
+
+  double operator()(int64_t c) const {
+    double base = prior[c];
+    if (pools) {
+      const int64_t g = pools[c];
+      TORCH_CHECK(g >= 0 && g < pool_count, "template_probabilities: cell ", c, "'s pool is out of range");
+      base = shrunk_rate(pool_hits[g], pool_trials[g], pool_prior[g], pool_pm);
+    }
+    return shrunk_rate(hits[c], trials[c], base, pm);
+  }
+};
+
+const double* doubles(const at::Tensor& t, int64_t n, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kDouble && t.is_contiguous() && t.numel() == n, "template_probabilities: ",
+              what, " must be ", n, " contiguous float64 values");
+  return t.data_ptr<double>();
+}
+
+}  // namespace
+
+namespace specbench::host {
+
 std::tuple<at::Tensor, std::vector<double>> template_probabilities(
-    const at::Tensor& conf, const at::Tensor& node_cells, const at::Tensor& parents, const at::Tensor& rates,
-    int64_t bins, int64_t group, at::ArrayRef<int64_t> agreed, int64_t agreed_offset) {
+    const at::Tensor& conf, const at::Tensor& node_cells, const at::Tensor& parents, int64_t bins, int64_t group,
+    at::ArrayRef<int64_t> agreed, int64_t agreed_offset, const at::Tensor& trials, const at::Tensor& hits,
+    const at::Tensor& prior, double weight, double prior_steps, const at::Tensor& pools,
+    const at::Tensor& pool_trials, const at::Tensor& pool_hits, const at::Tensor& pool_prior, double pool_weight) {
+  const int64_t table = prior.numel(), pooled = pools.numel(), groups = pool_prior.numel();
+  RateTerms q{doubles(trials, table, "trials"), doubles(hits, table, "hits"), doubles(prior, table, "the prior"),
+              prior_steps * weight, table, nullptr, nullptr, nullptr, nullptr, prior_steps * pool_weight, groups};
+  if (pooled) {
+    TORCH_CHECK(pools.scalar_type() == at::kLong && pools.is_contiguous() && pooled == table,
+                "template_probabilities: one int64 pool per cell");
+    q.pools = pools.data_ptr<int64_t>();
+    q.pool_trials = doubles(pool_trials, groups, "pool trials");
+    q.pool_hits = doubles(pool_hits, groups, "pool hits");
+    q.pool_prior = doubles(pool_prior, groups, "the pools' prior");
+  }
   const int64_t n = node_cells.numel();
   TORCH_CHECK(conf.scalar_type() == at::kFloat && conf.is_contiguous() && conf.numel() == n + 1 &&
                   node_cells.scalar_type() == at::kLong && node_cells.is_contiguous() &&
-                  parents.scalar_type() == at::kLong && parents.is_contiguous() && parents.numel() == n &&
-                  rates.scalar_type() == at::kDouble && rates.is_contiguous(),
-              "template_probabilities: float32 confidences (root first), int64 cells and parents, float64 rates");
+                  parents.scalar_type() == at::kLong && parents.is_contiguous() && parents.numel() == n,
+              "template_probabilities: float32 confidences (root first), int64 cells and parents");
   at::Tensor cells = at::empty({n}, node_cells.options());
   int64_t* cell = cells.data_ptr<int64_t>();
   const float* c = conf.data_ptr<float>() + 1;
@@ -87,13 +147,12 @@ std::tuple<at::Tensor, std::vector<double>> template_probabilities(
     TORCH_CHECK(v >= 1 && v <= n, "template_probabilities: agreed node ", v, " is not in the template");
     cell[v - 1] += agreed_offset;
   }
-  const double* q = rates.data_ptr<double>();
   const int64_t* par = parents.data_ptr<int64_t>();
   std::vector<double> p(n);
   for (int64_t v = 0; v < n; ++v) {
-    TORCH_CHECK(cell[v] >= 0 && cell[v] < rates.numel() && par[v] >= 0 && par[v] <= v,
+    TORCH_CHECK(cell[v] >= 0 && cell[v] < table && par[v] >= 0 && par[v] <= v,
                 "template_probabilities: node ", v + 1, "'s cell or parent is out of range");
-    p[v] = (par[v] ? p[par[v] - 1] : 1.0) * q[cell[v]];  // parents precede their children
+    p[v] = (par[v] ? p[par[v] - 1] : 1.0) * q(cell[v]);  // parents precede their children
   }
   return {cells, p};
 }
@@ -157,8 +216,10 @@ TORCH_LIBRARY_FRAGMENT(specbench, m) {
   // no tensor argument to dispatch on: one kernel for every caller
   m.def("choose_nodes(float[] p, int[] parents, float[] step_times, float min_gain, int? max_nodes) -> int[]",
         &specbench::host::choose_nodes);
-  m.def("template_probabilities(Tensor conf, Tensor node_cells, Tensor parents, Tensor rates, int bins, int group, "
-        "int[] agreed, int agreed_offset) -> (Tensor, float[])", &specbench::host::template_probabilities);
+  m.def("template_probabilities(Tensor conf, Tensor node_cells, Tensor parents, int bins, int group, int[] agreed, "
+        "int agreed_offset, Tensor trials, Tensor hits, Tensor prior, float weight, float prior_steps, Tensor pools, "
+        "Tensor pool_trials, Tensor pool_hits, Tensor pool_prior, float pool_weight) -> (Tensor, float[])",
+        &specbench::host::template_probabilities);
   m.def("learn_counterfactual(Tensor tokens, Tensor cont, Tensor kid_start, Tensor kids, Tensor cells, "
         "Tensor(a!) trials, Tensor(b!) hits, float weight, Tensor pools, Tensor(c!) pool_trials, Tensor(d!) pool_hits, "
         "float pool_weight) -> int", &specbench::host::learn_counterfactual);

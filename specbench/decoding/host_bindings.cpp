@@ -30,9 +30,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return h::choose_nodes(p, parents, step_times, min_gain, max_nodes);
   });
   m.def("template_probabilities", [](const at::Tensor& conf, const at::Tensor& node_cells, const at::Tensor& parents,
-                                     const at::Tensor& rates, int64_t bins, int64_t group,
-                                     const std::vector<int64_t>& agreed, int64_t agreed_offset) {
-    return h::template_probabilities(conf, node_cells, parents, rates, bins, group, agreed, agreed_offset);
+                                     int64_t bins, int64_t group, const std::vector<int64_t>& agreed,
+                                     int64_t agreed_offset, const at::Tensor& trials, const at::Tensor& hits,
+                                     const at::Tensor& prior, double weight, double prior_steps,
+                                     const at::Tensor& pools, const at::Tensor& pool_trials,
+                                     const at::Tensor& pool_hits, const at::Tensor& pool_prior, double pool_weight) {
+    return h::template_probabilities(conf, node_cells, parents, bins, group, agreed, agreed_offset, trials, hits,
+                                     prior, weight, prior_steps, pools, pool_trials, pool_hits, pool_prior,
+                                     pool_weight);
   });
   m.def("learn_counterfactual", &h::learn_counterfactual);
   m.def("sample_keyed", [](const at::Tensor& scores, int64_t key, const std::vector<int64_t>& positions,

@@ -38,8 +38,10 @@ std::tuple<at::Tensor, at::Tensor> expand_coupled_keyed(const at::Tensor& matrix
 std::vector<int64_t> choose_nodes(at::ArrayRef<double> p, at::ArrayRef<int64_t> parents,
                                   at::ArrayRef<double> step_times, double min_gain, c10::optional<int64_t> max_nodes);
 std::tuple<at::Tensor, std::vector<double>> template_probabilities(
-    const at::Tensor& conf, const at::Tensor& node_cells, const at::Tensor& parents, const at::Tensor& rates,
-    int64_t bins, int64_t group, at::ArrayRef<int64_t> agreed, int64_t agreed_offset);
+    const at::Tensor& conf, const at::Tensor& node_cells, const at::Tensor& parents, int64_t bins, int64_t group,
+    at::ArrayRef<int64_t> agreed, int64_t agreed_offset, const at::Tensor& trials, const at::Tensor& hits,
+    const at::Tensor& prior, double weight, double prior_steps, const at::Tensor& pools,
+    const at::Tensor& pool_trials, const at::Tensor& pool_hits, const at::Tensor& pool_prior, double pool_weight);
 int64_t learn_counterfactual(const at::Tensor& tokens, const at::Tensor& cont, const at::Tensor& kid_start,
                              const at::Tensor& kids, const at::Tensor& cells, at::Tensor trials, at::Tensor hits,
                              double weight, const at::Tensor& pools, at::Tensor pool_trials, at::Tensor pool_hits,

@@ -20,6 +20,7 @@ from specbench.errors import SettingsError
 
 # `RateTable.counts` of a table without pools: no pool of any cell, no pool counts
 NO_POOLS = (torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64))
+NO_POOL_PRIOR = torch.empty(0, dtype=torch.float64)  # `RateTable.terms` of a table without pools
 
 
 def monotone_down(p: Sequence[float], parents: Sequence[int]) -> list[float]:
@@ -190,6 +191,7 @@ class RateTable:
         self.weight = 1.0
         self._rates: np.ndarray | None = None
         self._views: tuple | None = None  # `counts`
+        self._prior_view: torch.Tensor | None = None  # `terms`
 
     def add(self, cell: int, hit: bool) -> None:
         self.add_counts(cell, float(hit), 1.0)
@@ -219,6 +221,14 @@ class RateTable:
     def counted(self) -> None:
         """Trials were added in place (`counts`): the rates are made afresh."""
         self._rates = None
+
+    def terms(self) -> tuple:
+        """What a kernel that makes q(c) of a few cells reads, as `rate_array` makes them (goodput_choice.cpp's
+        `template_probabilities`): (trials, hits, prior, weight, prior_steps, pools, pool trials, pool hits,
+        pool prior, pool weight), the arrays as tensors over this table's memory; without pools, empty ones."""
+        if self._prior_view is None:
+            self._prior_view = torch.from_numpy(self._prior)
+        return (*self.counts()[:2], self._prior_view, self.weight, self.prior_steps, *NO_POOLS, NO_POOL_PRIOR, 0.0)
 
     def next_step(self) -> None:
         """Later trials weigh more (the same as decaying earlier ones); renormalise before overflow."""
@@ -299,6 +309,10 @@ class PooledRateTable(RateTable):
     def counted(self) -> None:
         super().counted()
         self.pool.counted()
+
+    def terms(self) -> tuple:
+        pools, pool_trials, pool_hits = self.counts()[3:6]
+        return (*super().terms()[:5], pools, pool_trials, pool_hits, self.pool.terms()[2], self.pool.weight)
 
     def next_step(self) -> None:
         super().next_step()

@@ -244,8 +244,8 @@ class GoodputSubtree:
             bucket_cells = (self.BINS + 1) * 3 * self._depths  # `_cell`'s numbering
             offset = self._buckets * bucket_cells if agreed and self.agreement_classes > 1 else 0
             cells, p = host_kernels().template_probabilities(
-                conf, self._node_cells_host, self._parents_host, torch.from_numpy(self.rates.rate_array()),
-                self.BINS, bucket * bucket_cells, list(agreed) if offset else [], offset)
+                conf, self._node_cells_host, self._parents_host, self.BINS, bucket * bucket_cells,
+                list(agreed) if offset else [], offset, *self.rates.terms())  # q of these cells alone
             self._pending[-1][5] = cells.numpy()
             return p
         cells = self._pending[-1][5] = self._cells(conf.numpy()[1:], bucket, agreed)  # learnt in later, as it was
