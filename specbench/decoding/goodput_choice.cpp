@@ -12,9 +12,9 @@
 //     (speculation/goodput.py's `choose_nodes`, which says what it means): p capped by each parent's
 //     value, the nodes in decreasing order (ties by id), the running sum 1 + p_1 + ... + p_m over
 //     t(m + 1), the first best m, taken when it beats the plain step by 1 + min_gain.
-//   learn_counterfactual(tokens, cont, kid_start, kids, cells, trials, hits, weight, pools, pool_trials, pool_hits,
-//     pool_weight) -> the path's length: one step's counterfactual outcome counted (`GoodputSubtree._learn`). The
-//     template nodes the decided tokens `cont` would have reached (speculation/goodput.py's
+//   learn_counterfactual(tokens, seq, from, length, kid_start, kids, cells, trials, hits, weight, pools, pool_trials,
+//     pool_hits, pool_weight) -> the path's length: one step's counterfactual outcome counted (`GoodputSubtree._learn`).
+//     The template nodes the decided tokens cont = seq[from : from + length] would have reached (speculation/goodput.py's
 //     `counterfactual_path`: at each node the first child holding the next token; tokens: the step's template,
 //     root first; node v's children kids[kid_start[v] .. kid_start[v + 1])), then a trial of cell cells[c - 1]
 //     for every child c of the root and of each node on that path, in that order, a hit where c is on the path:
@@ -157,14 +157,18 @@ std::tuple<at::Tensor, std::vector<double>> template_probabilities(
   return {cells, p};
 }
 
-int64_t learn_counterfactual(const at::Tensor& tokens, const at::Tensor& cont, const at::Tensor& kid_start,
+int64_t learn_counterfactual(const at::Tensor& tokens, const at::Tensor& seq, int64_t from, int64_t length,
+                             const at::Tensor& kid_start,
                              const at::Tensor& kids, const at::Tensor& cells, at::Tensor trials, at::Tensor hits,
                              double weight, const at::Tensor& pools, at::Tensor pool_trials, at::Tensor pool_hits,
                              double pool_weight) {
   const int64_t n = cells.numel(), table = trials.numel(), pooled = pools.numel();
-  for (const at::Tensor* t : {&tokens, &cont, &kid_start, &kids, &cells, &pools})
+  for (const at::Tensor* t : {&tokens, &seq, &kid_start, &kids, &cells, &pools})
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(),
-                "learn_counterfactual: int64 contiguous CPU tokens, continuation, children, cells and pools");
+                "learn_counterfactual: int64 contiguous CPU tokens, sequence, children, cells and pools");
+  TORCH_CHECK(seq.dim() == 1 && from >= 0 && length >= 0, "learn_counterfactual: a 1-D sequence, a span within it");
+  // the span as a slice reads it: what lies past the sequence's end is not decided yet
+  const int64_t decided = std::max<int64_t>(0, std::min(length, seq.numel() - from));
   for (const at::Tensor* t : {&trials, &hits, &pool_trials, &pool_hits})
     TORCH_CHECK(t->scalar_type() == at::kDouble && t->is_contiguous(), "learn_counterfactual: float64 counts");
   TORCH_CHECK(tokens.numel() == n + 1 && kid_start.numel() == n + 2 && kids.numel() == n && hits.numel() == table &&
@@ -173,10 +177,10 @@ int64_t learn_counterfactual(const at::Tensor& tokens, const at::Tensor& cont, c
   const int64_t* tok = tokens.data_ptr<int64_t>();
   const int64_t* start = kid_start.data_ptr<int64_t>();
   const int64_t* kid = kids.data_ptr<int64_t>();
-  const int64_t* next = cont.data_ptr<int64_t>();
+  const int64_t* next = seq.data_ptr<int64_t>() + std::min(from, seq.numel());
   std::vector<int64_t> on_path{0};  // the root, then the path
   std::vector<char> hit(n + 1, 0);
-  for (int64_t d = 0, node = 0; d < cont.numel(); ++d) {
+  for (int64_t d = 0, node = 0; d < decided; ++d) {
     int64_t found = -1;
     for (int64_t i = start[node]; i < start[node + 1] && found < 0; ++i)
       if (tok[kid[i]] == next[d]) found = kid[i];
@@ -220,7 +224,7 @@ TORCH_LIBRARY_FRAGMENT(specbench, m) {
         "int agreed_offset, Tensor trials, Tensor hits, Tensor prior, float weight, float prior_steps, Tensor pools, "
         "Tensor pool_trials, Tensor pool_hits, Tensor pool_prior, float pool_weight) -> (Tensor, float[])",
         &specbench::host::template_probabilities);
-  m.def("learn_counterfactual(Tensor tokens, Tensor cont, Tensor kid_start, Tensor kids, Tensor cells, "
+  m.def("learn_counterfactual(Tensor tokens, Tensor seq, int from, int length, Tensor kid_start, Tensor kids, Tensor cells, "
         "Tensor(a!) trials, Tensor(b!) hits, float weight, Tensor pools, Tensor(c!) pool_trials, Tensor(d!) pool_hits, "
         "float pool_weight) -> int", &specbench::host::learn_counterfactual);
 }

@@ -42,7 +42,8 @@ std::tuple<at::Tensor, std::vector<double>> template_probabilities(
     at::ArrayRef<int64_t> agreed, int64_t agreed_offset, const at::Tensor& trials, const at::Tensor& hits,
     const at::Tensor& prior, double weight, double prior_steps, const at::Tensor& pools,
     const at::Tensor& pool_trials, const at::Tensor& pool_hits, const at::Tensor& pool_prior, double pool_weight);
-int64_t learn_counterfactual(const at::Tensor& tokens, const at::Tensor& cont, const at::Tensor& kid_start,
+int64_t learn_counterfactual(const at::Tensor& tokens, const at::Tensor& seq, int64_t from, int64_t length,
+                             const at::Tensor& kid_start,
                              const at::Tensor& kids, const at::Tensor& cells, at::Tensor trials, at::Tensor hits,
                              double weight, const at::Tensor& pools, at::Tensor pool_trials, at::Tensor pool_hits,
                              double pool_weight);

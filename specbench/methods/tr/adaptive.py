@@ -217,13 +217,16 @@ class GoodputSubtree:
                 cells = self._cells(conf.numpy()[1:], bucket, agreed)
             if conf is not None and self.host_kernels:  # the same counts in one call (decoding/goodput_choice.cpp)
                 host = tokens.wait() if isinstance(tokens, HostCopy) else tokens
-                host_kernels().learn_counterfactual(host, seq[root_at + 1 : root_at + 1 + depth],
-                                                         *self._kid_csr, torch.from_numpy(cells), *self.rates.counts())
+                # the sequence itself and where the continuation starts: no slice made (a torch call a step)
+                host_kernels().learn_counterfactual(
+                    host, seq, root_at + 1, depth, *self._kid_csr,
+                    cells if isinstance(cells, torch.Tensor) else torch.from_numpy(cells), *self.rates.counts())
                 self.rates.counted()
                 self.rates.next_step()
                 continue
             cont = seq[root_at + 1 : root_at + 1 + depth].tolist()
             path = counterfactual_path(self.tree.children, tokens.tolist(), cont)
+            cells = cells.numpy() if isinstance(cells, torch.Tensor) else cells  # the kernel's, made this step
             if conf is None:
                 self.stats.add(path, bucket)
                 continue
@@ -246,7 +249,7 @@ class GoodputSubtree:
             cells, p = host_kernels().template_probabilities(
                 conf, self._node_cells_host, self._parents_host, self.BINS, bucket * bucket_cells,
                 list(agreed) if offset else [], offset, *self.rates.terms())  # q of these cells alone
-            self._pending[-1][5] = cells.numpy()
+            self._pending[-1][5] = cells  # as the kernel made it: the learning kernel reads it as it is
             return p
         cells = self._pending[-1][5] = self._cells(conf.numpy()[1:], bucket, agreed)  # learnt in later, as it was
         q = self.rates.rate_array()[cells]
