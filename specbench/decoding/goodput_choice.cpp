@@ -87,7 +87,6 @@ inline double shrunk_rate(double hits, double trials, double base, double pm) {
 struct RateTerms {
   const double *trials, *hits, *prior;
   double pm;
-  int64_t cells;
   const int64_t* pools;  // null: no pools, the prior is the base
   const double *pool_trials, *pool_hits, *pool_prior;
   double pool_pm;
@@ -121,7 +120,7 @@ std::tuple<at::Tensor, std::vector<double>> template_probabilities(
     const at::Tensor& pool_trials, const at::Tensor& pool_hits, const at::Tensor& pool_prior, double pool_weight) {
   const int64_t table = prior.numel(), pooled = pools.numel(), groups = pool_prior.numel();
   RateTerms q{doubles(trials, table, "trials"), doubles(hits, table, "hits"), doubles(prior, table, "the prior"),
-              prior_steps * weight, table, nullptr, nullptr, nullptr, nullptr, prior_steps * pool_weight, groups};
+              prior_steps * weight, nullptr, nullptr, nullptr, nullptr, prior_steps * pool_weight, groups};
   if (pooled) {
     TORCH_CHECK(pools.scalar_type() == at::kLong && pools.is_contiguous() && pooled == table,
                 "template_probabilities: one int64 pool per cell");

@@ -388,7 +388,7 @@ class Recycling:
         draft = outcome.draft
         tables = self._table_views or (None, None)
         host_kernels().write_rows(outcome.logits, outcome.root, None if draft is None else draft.tokens,
-                                       self.matrix, self.written, self.probs, *tables, self.temperature or 1.0)
+                                  self.matrix, self.written, self.probs, *tables, self.temperature or 1.0)
 
     def _refresh_tables(self, tokens: np.ndarray) -> None:
         """The coupling tables of rows `tokens` (each once) from the probabilities just written there."""

@@ -297,7 +297,7 @@ class GoodputSubtree:
             return ()
         if self.host_kernels:  # the same choice in one call (decoding/goodput_choice.cpp)
             return tuple(host_kernels().choose_nodes(p, parents, self.times.at(context), self.settings.min_gain,
-                                                          max_nodes))
+                                                     max_nodes))
         return choose_nodes(p, parents, self.times.at(context), self.settings.min_gain, max_nodes)
 
     def _on_times(self, context: int | None) -> None:
