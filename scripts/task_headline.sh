@@ -8,6 +8,7 @@
 #
 #   bash scripts/task_headline.sh                       # OUT=results/cpu-tasks-interleaved, REPEATS="1 2 3"
 #   REPEATS=2 METHODS="pld" bash scripts/task_headline.sh
+#   TASKS=code_edit CURVE=auto OUT=R0 bash scripts/task_headline.sh   # one task; each run measures its own curve
 #
 # Repeat by repeat, T = 0.7 first, the methods' order reversed on every other repeat. A killed sweep resumes on rerun
 # (a finished run directory is skipped, a half-finished one resumes).
@@ -22,13 +23,22 @@ METHODS=${METHODS:-"suffix
 tr_fused method.retrieval=suffix method.calibrate=true method.suffix_rates=true"}
 CODE_EDIT="task=code_edit task.per_subtask=2"    # each edit kind's first `function` and first `file` prompt
 AGENT_LOOP="task=agent_loop task.per_subtask=1"  # one session of each kind, all on one module
+TASKS=${TASKS:-code_edit agent_loop}
+tasks=()
+for t in $TASKS; do
+  case $t in
+    code_edit) tasks+=("$CODE_EDIT") ;;
+    agent_loop) tasks+=("$AGENT_LOOP") ;;
+    *) echo "error: TASKS takes code_edit and agent_loop, got '$t'" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$OUT"
 
 mapfile -t methods <<<"$METHODS"
 for r in $REPEATS; do
   order=("${methods[@]}")
   if (( r % 2 == 0 )); then order=(); for ((i=${#methods[@]}-1; i>=0; i--)); do order+=("${methods[i]}"); done; fi
-  for task in "$CODE_EDIT" "$AGENT_LOOP"; do
+  for task in "${tasks[@]}"; do
     for m in "${order[@]}"; do
       # shellcheck disable=SC2086  # a method line and a task are several settings each
       python run.py -m method=$m $task temperature="$TEMPERATURES" repeat="$r" cost_curve="$CURVE" \
