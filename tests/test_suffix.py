@@ -214,7 +214,7 @@ def next_draft(d, prompt, first):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_answer_reaches_the_global_tree_once_answered_and_reset_forgets_it(backend):
-    d = build_drafter("suffix", vocab_size=100, backend=backend)
+    d = build_drafter("suffix", vocab_size=100, backend=backend, source_stats=True)
     answer = [60, 61, 62, 63, 64, 65, 66, 67]
     d.start_question()
     answer_turn(d, [1, 2, 3], answer)
@@ -230,7 +230,7 @@ def test_an_answer_reaches_the_global_tree_once_answered_and_reset_forgets_it(ba
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_running_answer_enters_the_global_tree_as_it_is_generated(backend):
     """As arctic-inference and vLLM do: the running turn's output counts in the global tree at once."""
-    d = build_drafter("suffix", vocab_size=100, backend=backend)
+    d = build_drafter("suffix", vocab_size=100, backend=backend, source_stats=True)
     d.start_question()
     answer_turn(d, [1, 2, 3], [60, 61, 62, 63, 60, 61])
     if backend == "python":
@@ -240,6 +240,27 @@ def test_the_running_answer_enters_the_global_tree_as_it_is_generated(backend):
     d.start_question()
     assert next_draft(d, [60, 5, 9, 9, 60], 61) == [62, 63]
     assert d.take_statistics()["drafts_from_global"] >= 1
+
+
+@pytest.mark.skipif(not HAVE_ARCTIC, reason=f"arctic-inference does not import here ({arctic_problem()})")
+def test_arctic_s_one_cache_drafts_what_the_source_telling_pair_drafts():
+    """vLLM's one cache (source_stats=false, the default) against the pair that also says which tree drafted:
+    the same draft every step over turns that repeat each other's answers; only the pair counts sources."""
+    rng = random.Random(3)
+    one, pair = (build_drafter("suffix", vocab_size=40, backend="arctic", source_stats=tell) for tell in (False, True))
+    assert one._trees is None and pair._trees is None
+    answers = [[rng.randrange(40) for _ in range(30)] for _ in range(3)]
+    for turn in range(8):
+        answer = answers[turn % 3][: 20 + turn] + [rng.randrange(40) for _ in range(6)]
+        prompt = [rng.randrange(40) for _ in range(5)] + answers[(turn + 1) % 3][:8]
+        one.start_question()
+        pair.start_question()
+        assert answer_turn(one, prompt, answer) == answer_turn(pair, prompt, answer)
+    assert one._trees.own is None and pair._trees.own is not None
+    stats_one, stats_pair = one.take_statistics(), pair.take_statistics()
+    assert "drafts_from_global" not in stats_one and stats_pair["drafts_from_global"] > 0
+    assert stats_one["drafted_steps"] == stats_pair["drafted_steps"] > 0
+    assert stats_one["drafted_tokens"] == stats_pair["drafted_tokens"]
 
 
 def test_running_answer_changes_the_global_tree_s_counts_and_probabilities():
@@ -342,7 +363,8 @@ def test_repeated_text_is_drafted_and_accepted(backend, real_model, ar_tokens):
     model, tok, eos = real_model
     text = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm windowsill."
     ids = prompt_ids(tok, [{"role": "user", "content": f"Repeat this sentence exactly, twice: {text}"}])
-    d = build_drafter("suffix", vocab_size=model.get_output_embeddings().weight.shape[0], backend=backend)
+    d = build_drafter("suffix", vocab_size=model.get_output_embeddings().weight.shape[0], backend=backend,
+                      source_stats=True)
     engine, n = Engine(model, eos), 32
     mats, stats = [], []
     for _ in range(2):

@@ -3,6 +3,7 @@ source's drafts and frequency estimates, the sources of accepted tokens, exact t
 model and, for each retrieval source, on a short real generation (all settings at defaults:
 test_lossless_methods)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -47,9 +48,9 @@ def test_chain_hangs_below_the_shared_nodes_in_the_draft():
 def test_chain_rates_learn_from_what_followed():
     d = FusedTokenRecycling(vocab_size=20, k=2, tree=[[1]], cost_curve=FLAT, confidence=False, num_pred_tokens=3)
     d.chooser._chains.append((0, [5, 6, 7], 2, 1))  # its first token is a template node too
-    d.chooser._learn_chains(torch.tensor([1, 5]))  # one token decided, still right: wait
+    d.chooser._learn_chains(np.array([1, 5]))  # one token decided, still right: wait
     assert len(d.chooser._chains) == 1
-    d.chooser._learn_chains(torch.tensor([1, 5, 9]))  # second token wrong: depths 1 (hit) and 2 (miss)
+    d.chooser._learn_chains(np.array([1, 5, 9]))  # second token wrong: depths 1 (hit) and 2 (miss)
     assert not d.chooser._chains
     # depth 1 counted among the tokens the template drafts too, depth 2 among those it does not
     assert d.chooser.chain_rates.trials[d.chooser._chain_cell(2, 1, agreed=True)] > 0
@@ -196,9 +197,9 @@ def test_suffix_rates_learn_what_the_frequency_estimates_promise():
     first = d.propose(DecodeState(tokens=torch.tensor(seq), prompt_len=20, step=0))
     assert drafted_paths(first) == pytest.approx({(4,): 0.75})  # the prior: the bin's middle
     cell = suffix_cells([-1], [0.75])[0]
-    d.chooser._learn_retrieved(torch.tensor(seq))  # nothing decided after the root yet
+    d.chooser._learn_retrieved(np.array(seq))  # nothing decided after the root yet
     assert len(d.chooser._retrieved) == 1 and d.chooser.suffix_rates.trials[cell] == 0
-    d.chooser._learn_retrieved(torch.tensor(seq + [9]))  # the model said 9, not 4
+    d.chooser._learn_retrieved(np.array(seq + [9]))  # the model said 9, not 4
     assert not d.chooser._retrieved and d.chooser.suffix_rates.trials[cell] > 0 and d.chooser.suffix_rates.hits[cell] == 0
     for _ in range(12):
         d.chooser.suffix_rates.add(cell, False)

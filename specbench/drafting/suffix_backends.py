@@ -62,10 +62,22 @@ def backend_line(who: str, asked: str, resolved: str) -> str | None:
 
 
 def suffix_trees(backend: str, max_depth: int, max_cached: int, max_tokens: int, factor: float, offset: float,
-                 min_prob: float, use_tree: bool, running_in_global: bool = True):
-    """The request's and the global tree on `backend` (resolved: `arctic` or `python`)."""
-    kind = ArcticTrees if backend == "arctic" else SuffixTrees
-    return kind(max_depth, max_cached, max_tokens, factor, offset, min_prob, use_tree, running_in_global)
+                 min_prob: float, use_tree: bool, running_in_global: bool = True, by_source: bool = True):
+    """The request's and the global tree on `backend` (resolved: `arctic` or `python`). `by_source`: say
+    which tree each draft came from, where that costs arctic a second cache (`tells_source`)."""
+    if backend == "arctic":
+        return ArcticTrees(max_depth, max_cached, max_tokens, factor, offset, min_prob, use_tree, running_in_global,
+                           by_source)
+    return SuffixTrees(max_depth, max_cached, max_tokens, factor, offset, min_prob, use_tree, running_in_global)
+
+
+def tells_source(backend: str, max_cached: int, running_in_global: bool, by_source: bool) -> bool:
+    """Whether `suffix_trees` says which tree drafted. Ours always does, and so does arctic wherever it keeps
+    the request's own tree apart anyway (no global tree, or answers joining it only once answered). Where the
+    running turn is in the global cache (vLLM's use), that cache alone drafts, and only `by_source` adds the
+    own-tree cache that tells its drafts apart: half as much tree work again, a step's host time that is
+    not Suffix Decoding's."""
+    return backend != "arctic" or by_source or not (max_cached and running_in_global)
 
 
 class ArcticTrees:
@@ -77,15 +89,17 @@ class ArcticTrees:
     tree won when `past` scores above `own` (the request's own tree wins ties in the cache). With
     `running_in_global=False` (the earlier protocol) `past` holds only answered turns: each turn starts
     there as a request with an empty prompt (reserving its slot, as in vLLM) and receives its answer
-    when it ends."""
+    when it ends. Where `past` alone drafts as `own` would (running turns in it) and the source is not asked
+    for (`by_source`), `own` is not kept: its tree work would be timed as the method's (`tells_source`)."""
 
     def __init__(self, max_depth: int, max_cached: int, max_tokens: int, factor: float, offset: float,
-                 min_prob: float, use_tree: bool, running_in_global: bool = True):
+                 min_prob: float, use_tree: bool, running_in_global: bool = True, by_source: bool = True):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
         self.max_depth = max_depth
         self.running = bool(running_in_global)
-        self.own = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=0)
+        self.own = (SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=0)
+                    if tells_source("arctic", max_cached, running_in_global, by_source) else None)
         self.past = (SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=max_cached)
                      if max_cached else None)
         self.args = dict(max_spec_tokens=max_tokens, max_spec_factor=factor, max_spec_offset=offset,
@@ -96,19 +110,22 @@ class ArcticTrees:
     def start_turn(self, prompt) -> None:
         self.turn += 1
         self._turn_tokens = list(np.asarray(prompt).reshape(-1).tolist())
-        self.own.start_request(self.turn, _int32(prompt))
+        if self.own is not None:
+            self.own.start_request(self.turn, _int32(prompt))
         if self.past is not None:
             self.past.start_request(self.turn, _int32(prompt if self.running else []))
 
     def extend(self, tokens) -> None:
         tokens = _int32(tokens).reshape(-1)
         self._turn_tokens += tokens.tolist()
-        self.own.add_active_response(self.turn, tokens)
+        if self.own is not None:
+            self.own.add_active_response(self.turn, tokens)
         if self.past is not None and self.running:
             self.past.add_active_response(self.turn, tokens)
 
     def end_turn(self, response) -> None:
-        self.own.stop_request(self.turn)
+        if self.own is not None:
+            self.own.stop_request(self.turn)
         if self.past is not None:
             if not self.running:
                 self.past.add_active_response(self.turn, _int32(response))
@@ -120,8 +137,12 @@ class ArcticTrees:
         """The running turn's prompt and output so far."""
         return np.asarray(self._turn_tokens, dtype=np.int64)
 
-    def speculate(self, context) -> tuple[Speculation, str]:
+    def speculate(self, context) -> tuple[Speculation, str | None]:
+        """The draft and its tree ("request" or "global"; None where `own` is not kept)."""
         context = _int32(context[-self.max_depth:])
+        if self.own is None:
+            best, source = self.past.speculate(self.turn, context, **self.args), None
+            return Speculation(list(best.token_ids), list(best.parents), list(best.probs), best.match_len), source
         own = self.own.speculate(self.turn, context, **self.args)
         best, source = own, "request"
         if self.past is not None:

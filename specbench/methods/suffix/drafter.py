@@ -21,7 +21,7 @@ import torch
 from specbench.draft import DraftTree, DecodeState, Draft, StepOutcome
 from specbench.drafter import Drafter
 from specbench.errors import SettingsError
-from specbench.drafting.suffix_backends import backend_line, resolve_backend, suffix_trees
+from specbench.drafting.suffix_backends import backend_line, resolve_backend, suffix_trees, tells_source
 from specbench.registry import register
 
 
@@ -37,6 +37,9 @@ class SuffixSettings:
     # true (arctic-inference, vLLM): the running turn's output joins the global tree as it is
     # generated; false: only once the turn is answered (this harness before issue 47, for comparison)
     running_in_global: bool = True
+    # true: count which tree (the request's or the global) each draft came from. On arctic-inference that takes
+    # a second cache, timed with the method (tells_source); vLLM keeps one, and so does this drafter by default
+    source_stats: bool = False
 
     def __post_init__(self):
         if self.max_tree_depth < 2:
@@ -57,8 +60,8 @@ class SuffixSettings:
         resolve_backend(self.backend)
 
 
-STAT_KEYS = ("drafts_from_request", "drafts_from_global", "plain_steps", "drafted_tokens",
-             "accepted_from_request", "accepted_from_global")
+STAT_KEYS = ("plain_steps", "drafted_steps", "drafted_tokens")
+SOURCE_KEYS = ("drafts_from_request", "drafts_from_global", "accepted_from_request", "accepted_from_global")
 
 
 @register("suffix")
@@ -71,6 +74,9 @@ class SuffixDecoding(Drafter):
         line = backend_line("suffix", self.settings.backend, self.backend)
         if line:
             print(line, file=sys.stderr)
+        s = self.settings
+        self._stat_keys = STAT_KEYS + (SOURCE_KEYS if tells_source(self.backend, s.max_cached_requests,
+                                                                   s.running_in_global, s.source_stats) else ())
         self.reset()
 
     @classmethod
@@ -83,13 +89,14 @@ class SuffixDecoding(Drafter):
         self._response: list[int] | None = None  # the open turn's output so far (None: no turn open)
         self._source: str | None = None  # the tree this step's draft came from
         self._trees_cache: dict[tuple[int, ...], DraftTree] = {}
-        self._stats = dict.fromkeys(STAT_KEYS, 0)
+        self._stats = dict.fromkeys(self._stat_keys, 0)
 
     def _new_trees(self):
         s = self.settings
         # a draft is bounded by the tree depth only, as vLLM's num_speculative_tokens defaults to it
         return suffix_trees(self.backend, s.max_tree_depth, s.max_cached_requests, s.max_tree_depth,
-                            s.max_spec_factor, s.max_spec_offset, s.min_token_prob, s.use_tree, s.running_in_global)
+                            s.max_spec_factor, s.max_spec_offset, s.min_token_prob, s.use_tree, s.running_in_global,
+                            s.source_stats)
 
     def start_question(self) -> None:
         self._end_turn()
@@ -119,8 +126,10 @@ class SuffixDecoding(Drafter):
             self._source = None
             self._stats["plain_steps"] += 1
             return None
-        self._source = source
-        self._stats[f"drafts_from_{source}"] += 1
+        self._source = source  # None: the tree is not told apart (source_stats)
+        self._stats["drafted_steps"] += 1
+        if source is not None:
+            self._stats[f"drafts_from_{source}"] += 1
         self._stats["drafted_tokens"] += len(spec.tokens)
         return Draft(tokens=torch.from_numpy(np.array(spec.tokens, dtype=np.int64)), tree=self._tree(spec.parents))
 
@@ -144,5 +153,5 @@ class SuffixDecoding(Drafter):
 
     def take_statistics(self) -> dict:
         out = dict(self._stats, suffix_backend=self.backend)
-        self._stats = dict.fromkeys(STAT_KEYS, 0)
+        self._stats = dict.fromkeys(self._stat_keys, 0)
         return out

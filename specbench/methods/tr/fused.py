@@ -216,29 +216,29 @@ class FusedChoice:
     def _suffix_draft(self, state: DecodeState) -> tuple[list[int], list[int], list[float]]:
         """The suffix trees' best continuation of the context: (tokens, parents, frequency estimates).
         The trees follow the decided tokens (a new turn at step 0: the last turn's answer closes)."""
-        seq = state.tokens
+        seq = state.tokens.numpy()  # numpy's slices: a torch slice costs several of them after a CPU forward
         if state.step == 0 or self._suffix_len is None:
             if self._suffix_len is not None:
                 self._suffix.end_turn(self._suffix.turn_tokens[self._suffix_prompt :].copy())
-            self._suffix.start_turn(seq[: state.prompt_len].numpy())
+            self._suffix.start_turn(seq[: state.prompt_len])
             self._suffix_len = self._suffix_prompt = state.prompt_len
-        if seq.numel() > self._suffix_len:
-            self._suffix.extend(seq[self._suffix_len :].numpy())
-            self._suffix_len = seq.numel()
-        spec, where = self._suffix.speculate(seq[-self.settings.suffix_depth :].numpy())
+        if len(seq) > self._suffix_len:
+            self._suffix.extend(seq[self._suffix_len :])
+            self._suffix_len = len(seq)
+        spec, where = self._suffix.speculate(seq[-self.settings.suffix_depth :])
         if spec.tokens and where == "global":
             self._global_drafts += 1
         if not spec.tokens or not self.settings.suffix_rates:
             return spec.tokens, spec.parents, spec.probs
         cells = suffix_cells(spec.parents, spec.probs)
-        self._retrieved.append((seq.numel() - 1, spec.tokens, spec.parents, cells))
+        self._retrieved.append((len(seq) - 1, spec.tokens, spec.parents, cells))
         rates = self.suffix_rates.rates()
         probs: list[float] = []
         for par, cell in zip(spec.parents, cells):
             probs.append(rates[cell] * (probs[par] if par >= 0 else 1.0))
         return spec.tokens, spec.parents, probs
 
-    def _learn_retrieved(self, seq: torch.Tensor) -> None:
+    def _learn_retrieved(self, seq: np.ndarray) -> None:
         """Each drafted suffix node whose parent was right is a trial of its cell, decided once the
         tokens after its step reach the tree's depth."""
         while self._retrieved:
@@ -276,7 +276,7 @@ class FusedChoice:
         return group * self.settings.num_pred_tokens + depth - 1
 
     # -- retrieval statistics --------------------------------------------------------------------
-    def _learn_chains(self, seq: torch.Tensor) -> None:
+    def _learn_chains(self, seq: np.ndarray) -> None:
         """A chain token at depth d is a trial when the chain was right up to d - 1; decided once a
         token differs from what followed the root or the whole chain is decided."""
         while self._chains:
@@ -296,8 +296,9 @@ class FusedChoice:
             self._chains.clear()
             self._retrieved.clear()
         tokens, host_conf, bucket = self.template.prepare(state)
-        self._learn_chains(state.tokens)
-        self._learn_retrieved(state.tokens)
+        decided = state.tokens.numpy()  # read through numpy's slices (cheaper after a CPU forward)
+        self._learn_chains(decided)
+        self._learn_retrieved(decided)
         if self.retrieval == "suffix":
             r_tokens, r_parents, r_probs = self._suffix_draft(state)
         elif self.retrieval == "pld":
