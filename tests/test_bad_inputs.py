@@ -1,10 +1,11 @@
 """Bad inputs, end to end: each is refused before anything is loaded, with one `error: ...` line on
-stderr that names the problem and the fix, exit code 2, within seconds.
+stderr that names the problem and the fix, exit code 2.
 
 Most cases run in-process (Hydra's compose API, then run.py's run_config, the code path of
-`python run.py`), with model loading, the cost curve and drafter building patched to fail, so a
-case that got that far would show. A few go through a real `python run.py` subprocess (about 5 s
-each, mostly imports) to prove the exit is traceback-free. The real model is never loaded.
+`python run.py`). A few run run.py's `__main__` in a subprocess, to prove the exit is traceback-free.
+Either way model loading, the cost curve and drafter building are patched to fail, so a case that got
+that far would show: "before anything loads" is checked, not timed (a timed limit failed on a slow
+machine whose `import torch` alone took 10 s). The real model is never loaded.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,6 @@ from specbench.registry import available_methods, drafter_class
 from tests.test_config import CONF, plan_of
 
 ROOT = Path(__file__).resolve().parents[1]
-LIMIT_S = 10.0
 
 # (id, overrides ({tmp}: the test's own directory, see make_inputs), expected message, how)
 CASES = [
@@ -147,9 +146,26 @@ def run_in_process(overrides: list[str], monkeypatch, capsys) -> tuple[int, str]
     return code, capsys.readouterr().err
 
 
+# `python run.py ARGS` with the loaders patched as in run_in_process: reaching one exits 3 and names it
+SUBPROCESS = """
+import runpy, sys
+from specbench.run import session, single, target
+def not_reached(what):
+    def fail(*args, **kwargs):
+        sys.stderr.write(what + " was reached: the bad input was not refused before loading\\n")
+        sys.exit(3)
+    return fail
+target.load_model = not_reached("load_model")
+session.run_cost_curve = not_reached("run_cost_curve")
+single.build_drafter = not_reached("build_drafter")
+sys.argv = ["run.py", *sys.argv[1:]]
+runpy.run_path("run.py", run_name="__main__")
+"""
+
+
 def run_subprocess(overrides: list[str], tmp: Path) -> tuple[int, str]:
-    out = subprocess.run([sys.executable, "run.py", *overrides, f"hydra.run.dir={tmp}/hydra"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", SUBPROCESS, *overrides, f"hydra.run.dir={tmp}/hydra"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
     return out.returncode, out.stderr
 
 
@@ -159,18 +175,15 @@ def test_bad_input_is_refused_in_one_line(case, overrides, message, how, tmp_pat
         pytest.skip("a GPU is present")
     make_inputs(tmp_path)
     overrides = [o.format(tmp=tmp_path) for o in overrides] + [f"results_root={tmp_path}/results"]
-    start = time.perf_counter()
     if how == "subprocess":
         code, err = run_subprocess(overrides, tmp_path)
     else:
         code, err = run_in_process(overrides, monkeypatch, capsys)
-    elapsed = time.perf_counter() - start
     lines = err.strip().splitlines()
-    print(f"[{how}, {elapsed:.2f} s] {err.strip()}")
+    print(f"[{how}] {err.strip()}")
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("error: ")
     assert re.search(message, lines[0]), lines[0]
-    assert elapsed < LIMIT_S
     assert not (tmp_path / "results").exists()  # nothing written either
 
 
