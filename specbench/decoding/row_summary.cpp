@@ -26,7 +26,8 @@
 namespace {
 
 constexpr int64_t kBlock = 64;  // logits per block, 8 vectors of 8
-// write_rows splits its rows over threads from this many up: waking the pool costs about a row's summary
+// write_rows splits more rows than this over the intra-op threads (at::parallel_for's grain): with two threads
+// 8 or more rows are summarised in about half the time (results/cpu-drafting-host/one-cache-parallel-rows.md)
 constexpr int64_t kRowsPerThread = 2;
 
 // exp(x) for x <= 0 within 3e-7 relative, as 2^t with t = x log2(e): t = n + r (n the nearest integer, r = t - n
