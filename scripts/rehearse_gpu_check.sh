@@ -8,7 +8,8 @@
 #    untracked-not-ignored files plus its .gpu/callN), asserted at most 64 MiB;
 #  - the node's folder kept from call to call, as a warm node keeps it;
 #  - the last call's output folder checked against what comes back (8 files, 16 MiB each, 2 folders
-#    down), and every stage PASS or SKIP(cuda);
+#    down), and every stage PASS or SKIP(cuda), or, for a stage the node runs on the time left, PARTIAL
+#    with every method it started passed (a slow CPU's time ran out, not the code);
 #  - then, on the same twin: `python run.py` with the embedded model in the cache (rc 0), the same
 #    without gguf (one error: line, rc 2), and the version-sensitive tests.
 #
@@ -78,14 +79,20 @@ echo "== what came back"
 import json, sys
 from pathlib import Path
 sys.path.insert(0, ".")
-from specbench.tools.gpu_node.limits import check_output_folder
+from specbench.tools.gpu_node.limits import STAGES, check_output_folder, short_of_time_only
 out = Path(sys.argv[1])
 files = sorted(f for f in out.rglob("*") if f.is_file())
 problems = check_output_folder(out)
 stages = json.loads((out / "stages.json").read_text())
-bad = {k: v["status"] for k, v in stages.items() if v["status"] not in ("PASS", "SKIP(cuda)")}
+# a stage the node runs only on the time left (GPU budget 0) may run short of time on a slow CPU too:
+# accepted when every method it started passed and at least one did; any failure still fails
+spare = {st.name for st in STAGES if st.gpu_budget == 0}
+short = {k: v["detail"] for k, v in stages.items() if k in spare and short_of_time_only(v)}
+bad = {k: v["status"] for k, v in stages.items() if v["status"] not in ("PASS", "SKIP(cuda)") and k not in short}
 print(f"{len(files)} files back: " + ", ".join(f"{f.name} ({f.stat().st_size / 1024:.0f} KiB)" for f in files))
 print("stages: " + ", ".join(f"{k} {v['status']}" for k, v in stages.items()))
+for k, detail in short.items():
+    print(f"rehearsal: {k} ran short of this machine's time ({detail}); accepted: on the node it runs on the time left")
 if problems or bad:
     sys.exit(f"rehearsal: output folder {problems or ''} stages not PASS or SKIP(cuda): {bad or ''}")
 PY

@@ -215,6 +215,19 @@ def test_one_capacity_reserved_for_every_turn_of_the_run(tiny_llama):
     assert set(engine.compiled._caches) == kept and engine.compiled.recompiles() == 0
 
 
+def test_a_short_runs_cost_curve_takes_the_runs_capacity(tiny_llama):
+    """The quick curve's widest step (81 rows after 400 tokens) fits a short run's reserved 512 rows
+    without the turns' margin: one compile, not a second capacity's (CI's default run compiled two)."""
+    from specbench.speculation.cost import QUICK_WIDTHS, SHORT_CONTEXT, filled_cache_and_drafts
+
+    engine = Engine(tiny_llama, eos_token_ids=[], compiled=True)
+    engine.new_cache(100, 128, reserve=True)  # a mini run's longest prompt and max_new_tokens
+    kept = set(engine.compiled._caches)
+    assert SHORT_CONTEXT + max(QUICK_WIDTHS) + engine.compiled.margin > max(c for c in kept)  # the margin would not fit
+    filled_cache_and_drafts(tiny_llama, engine, QUICK_WIDTHS, SHORT_CONTEXT)
+    assert set(engine.compiled._caches) == kept
+
+
 def test_a_kept_prefix_on_the_static_cache_decodes_what_eager_decodes(tiny_llama, compiled_llama):
     """Prefix caching on the compiled forward's static cache: the kept rows are cut back in place and
     the rest of the prompt is written after them, at their positions."""

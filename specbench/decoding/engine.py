@@ -103,14 +103,16 @@ class Engine:
         self._trees = TreeTensorCache(self.device)
         self._clock: PhaseClock | None = None  # the running turn's step clock
 
-    def new_cache(self, prompt_len: int, max_new_tokens: int, hidden: bool = False, reserve: bool = False):
+    def new_cache(self, prompt_len: int, max_new_tokens: int, hidden: bool = False, reserve: bool = False,
+                  exact: bool = False):
         """The KV cache for one turn: a DynamicCache, or the compiled forward's static cache with every
         shape it can run already compiled (so no compiling happens while a turn is timed). `reserve`:
-        make this one the capacity every later turn that fits uses (CompiledForward.cache_for)."""
+        make this one the capacity every later turn that fits uses; `exact`: no rows to spare beyond
+        max_new_tokens (CompiledForward.cache_for)."""
         if self.compiled is not None:
             try:
                 with torch.inference_mode():  # the buffers too: graphs are specialised on inference tensors
-                    cache = self.compiled.cache_for(prompt_len, max_new_tokens, reserve)
+                    cache = self.compiled.cache_for(prompt_len, max_new_tokens, reserve, exact)
                     self.compiled.prepare(cache, hidden)
                 return cache
             except Exception as e:  # inductor, its compiler, our kernel: none may take the run down
