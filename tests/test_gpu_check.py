@@ -212,6 +212,22 @@ def test_a_round_of_every_method_comes_before_any_method_twice(tmp_path, monkeyp
     assert [(r["method"], r["round"]) for r in res["rows"]] == [("pld", 1), ("tr", 1), ("pld", 2), ("tr", 2)]
 
 
+def test_the_warm_up_builds_our_kernels_so_the_first_method_does_not(tmp_path, monkeypatch):
+    """The extension's first build (minutes on a new node) falls in the warm-up, said in its line; a
+    build that fails is said there too, and the methods still run."""
+    from specbench.decoding import packed_linear
+
+    built = []
+    monkeypatch.setattr(packed_linear, "build_problem", lambda: built.append(1) or None)
+    ctx = {"work": tmp_path, "cuda": False, "runner": lambda over: ({}, 0, "")}
+    warm = real_model.warm_up(ctx, "real_model", ["model=smollm2-135m"])
+    assert built == [1] and warm["kernels"] == "built" and warm["status"] == "ok"
+    monkeypatch.setattr(packed_linear, "build_problem", lambda: "no g++ here")
+    assert real_model.warm_up(ctx, "real_model", [])["kernels"] == "unavailable: no g++ here"
+    text = "\n".join(summary.method_lines({"rows": [TABLE_ROW], "warmup": warm}, "real_model"))
+    assert "our CPU kernels built in" in text
+
+
 def test_a_stage_gets_its_budget_and_what_earlier_stages_left_unused():
     stages = [limits.Stage(n, b, b, "") for n, b in (("a", 100), ("b", 50), ("c", 30))]
     assert limits.stage_budget(stages, 0, 180, cpu=False) == 100
@@ -250,11 +266,13 @@ def test_step_medians_come_from_the_runs_answers(tmp_path):
     assert real_model.step_medians({}) == {"step_ms": None, "ar_step_ms": None}
 
 
+TABLE_ROW = {"method": "tr", "forward_used": "eager", "dtype": "float16", "speedup": 1.5, "decode_speedup": 1.6,
+             "bound": 2.0, "mat": 2.1, "rows_per_step": 81.0, "tokens_per_s": 70.0, "ar_tokens_per_s": 45.0,
+             "step_ms": 30.0, "ar_step_ms": 20.5, "lossless": "exact", "status": "ok"}
+
+
 def test_the_method_table_shows_each_methods_step_and_ar_step():
-    row = {"method": "tr", "forward_used": "eager", "dtype": "float16", "speedup": 1.5, "decode_speedup": 1.6,
-           "bound": 2.0, "mat": 2.1, "rows_per_step": 81.0, "tokens_per_s": 70.0, "ar_tokens_per_s": 45.0,
-           "step_ms": 30.0, "ar_step_ms": 20.5, "lossless": "exact", "status": "ok"}
-    lines = summary.method_lines({"rows": [row], "warmup": {"status": "ok", "seconds": 60.0, "ar_step_ms": 21.0}},
+    lines = summary.method_lines({"rows": [TABLE_ROW], "warmup": {"status": "ok", "seconds": 60.0, "ar_step_ms": 21.0}},
                                    "real_model")
     text = "\n".join(lines)
     assert "| step ms | AR step ms |" in text and "| 30.0 | 20.5 |" in text

@@ -62,7 +62,9 @@ def method_lines(result: dict, name: str) -> list[str]:
     warm = result.get("warmup")
     if warm:
         lines += [f"Warm-up before the first method (AR on one question, not counted): {warm['status']} in "
-                  f"{_fmt(warm.get('seconds'), '.0f')} s, AR median step {_fmt(warm.get('ar_step_ms'), '.1f')} ms. "
+                  f"{_fmt(warm.get('seconds'), '.0f')} s, AR median step {_fmt(warm.get('ar_step_ms'), '.1f')} ms"
+                  + (f"; our CPU kernels {warm['kernels']} in {_fmt(warm.get('kernels_seconds'), '.0f')} s" if "kernels" in warm else "")
+                  + ". "
                   "Each method's AR step should match the others': one far off was disturbed.", ""]
     lines += ["| method | forward | dtype | speedup | decode | bound | predicted | MAT | rows/step | tokens/s | AR tokens/s | "
               "step ms | AR step ms | band (ulps; measured logits) | lossless |",
