@@ -79,7 +79,8 @@ echo "== what came back"
 import json, sys
 from pathlib import Path
 sys.path.insert(0, ".")
-from specbench.tools.gpu_node.limits import STAGES, check_output_folder, short_of_time_only
+from specbench.tools.gpu_node.limits import STAGES, check_output_folder
+from specbench.tools.gpu_node.real_model import short_of_time_only
 out = Path(sys.argv[1])
 files = sorted(f for f in out.rglob("*") if f.is_file())
 problems = check_output_folder(out)

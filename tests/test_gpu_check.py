@@ -244,14 +244,14 @@ def test_the_rehearsal_accepts_a_stage_short_of_time_only_when_nothing_failed():
     ok, skip = {"method": "tr_fused", "status": "ok"}, {"method": "tr", "status": real_model.SKIP_TIME}
     warm = {"status": "ok"}
     short = real_model.methods_result([ok, skip], warm, {}, "bfloat16", "eager")
-    assert short["status"] == "PARTIAL" and limits.short_of_time_only(short)
+    assert short["status"] == "PARTIAL" and real_model.short_of_time_only(short)
     failed = real_model.methods_result([ok, {"method": "pld", "status": "RuntimeError: x"}, skip], warm, {},
                                        "bfloat16", "eager")
-    assert failed["status"] == "FAIL" and not limits.short_of_time_only(failed)
-    assert not limits.short_of_time_only(real_model.methods_result([skip], warm, {}, "bfloat16", "eager"))
+    assert failed["status"] == "FAIL" and not real_model.short_of_time_only(failed)
+    assert not real_model.short_of_time_only(real_model.methods_result([skip], warm, {}, "bfloat16", "eager"))
     # a stage its budget ended: the driver keeps the rows finished; one that failed is no time shortage
-    assert not limits.short_of_time_only({"status": "PARTIAL", "rows": [ok, {"method": "pld", "status": "x"}]})
-    assert not limits.short_of_time_only({"status": "PASS", "rows": [ok]})
+    assert not real_model.short_of_time_only({"status": "PARTIAL", "rows": [ok, {"method": "pld", "status": "x"}]})
+    assert not real_model.short_of_time_only({"status": "PASS", "rows": [ok]})
     assert {st.name for st in limits.STAGES if st.gpu_budget == 0} == {"real_model_bf16", "real_model", "step_profile"}
 
 

@@ -208,10 +208,11 @@ class CompiledForward:
         taken (with fixed shapes, only one with at most `round_to` to spare: every call attends over the
         whole buffer, so a spare column costs time; or the reserved one), else a new one. `reserve`: this
         turn's capacity is the run's reserved one (the runner asks for it with the longest prompt, so
-        that no turn makes a capacity, with its graphs and buffers, mid-run). `exact`: no margin, for a
-        caller that knows its widest step (a cost curve's, which then fits a short run's reserved
-        capacity on the CPU instead of compiling one of its own)."""
-        need = prompt_len + max_new + (0 if exact else self.margin)
+        that no turn makes a capacity, with its graphs and buffers, mid-run). `exact`: no margin on the
+        CPU, for a caller that knows its widest step (a cost curve's, which then fits a short run's
+        reserved capacity instead of compiling one of its own); fixed shapes keep it, as their row
+        buckets pad a step past its rows."""
+        need = prompt_len + max_new + (0 if exact and not self.fixed else self.margin)
         # CPU: attention sees only the live rows, so spare capacity costs nothing and any kept one that
         # fits will do (fewer capacities, fewer compiles); CUDA graphs attend over the whole buffer,
         # but a spare column costs less than a new capacity's graphs and memory

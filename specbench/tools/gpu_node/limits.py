@@ -68,13 +68,6 @@ def stage_budget(stages: list[Stage], i: int, left: float, cpu: bool, skip: set[
     return max(0.0, min(left, max(own(stages[i]), left - later)))
 
 
-def short_of_time_only(result: dict) -> bool:
-    """A real-model stage's result that only ran short of time: PARTIAL, some method ok and every
-    other one skipped for time (a stage its budget ended keeps the methods it finished: driver.py)."""
-    statuses = {r.get("status") for r in result.get("rows") or []}
-    return result.get("status") == "PARTIAL" and "ok" in statuses and statuses <= {"ok", "SKIP(time)"}
-
-
 def check_output_folder(out: Path) -> list[str]:
     """What would not come back from the node: too many files, too large, too deep, odd names."""
     files = [f for f in out.rglob("*") if f.is_file()]

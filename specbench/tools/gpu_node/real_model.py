@@ -230,6 +230,13 @@ def run_methods(ctx: dict, name: str, dtype: str, forward: str, methods: list[st
     return methods_result(rows, warm, sampler.stop() if sampler else {}, dtype, forward)
 
 
+def short_of_time_only(result: dict) -> bool:
+    """A real-model stage's result that only ran short of time: PARTIAL, some method ok and every
+    other one skipped for time (a stage its budget ended keeps the methods it finished: driver.py)."""
+    statuses = {r.get("status") for r in result.get("rows") or []}
+    return result.get("status") == PARTIAL and "ok" in statuses and statuses <= {"ok", SKIP_TIME}
+
+
 def methods_result(rows: list[dict], warm: dict, node: dict, dtype: str, forward: str) -> dict:
     """The stage's status and detail: PASS when every method ran at least once and none failed,
     PARTIAL when the time ran out before some method's first run."""
