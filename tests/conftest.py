@@ -140,7 +140,7 @@ def engine_version(model) -> str:
 
 
 # A question's first characters only: summarization's first article is 769 tokens, whose prefill costs
-# more on a CPU than the 32 tokens decoded after it (16 s against 7 for PLD's steps on a slow 2-core
+# more on a CPU than the 32 tokens decoded after it (16 s against 8 for PLD's steps on a slow 2-core
 # machine); the first 1,200 characters still hand the drafters a passage to copy from.
 PROMPT_CHARS = 1200
 
