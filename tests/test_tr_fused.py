@@ -264,7 +264,7 @@ def test_calibration_scales_each_source_by_what_its_drafted_nodes_delivered(tiny
     assert sum(d.chooser.calibration.trials) > 0 and d.chooser.calibration.rates() != [1.0, 1.0, 1.0]
 
     muted = FusedTokenRecycling(vocab_size=97, cost_curve=FLAT, calibrate=True)
-    muted.chooser.calibration.rates = lambda: [0.0, 1.0, 1.0]  # the matrix's own nodes never pay
+    muted.chooser.calibration.rate = lambda cell: (0.0, 1.0, 1.0)[cell]  # the matrix's own nodes never pay
     seen = []
     propose = muted.propose
     muted.propose = lambda state: (draft := propose(state), seen.extend(muted.chooser.sources))[0]

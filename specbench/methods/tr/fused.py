@@ -232,10 +232,10 @@ class FusedChoice:
             return spec.tokens, spec.parents, spec.probs
         cells = suffix_cells(spec.parents, spec.probs)
         self._retrieved.append((len(seq) - 1, spec.tokens, spec.parents, cells))
-        rates = self.suffix_rates.rates()
+        rate = self.suffix_rates.rate  # the tree's cells alone, not every cell's (the table changes each step)
         probs: list[float] = []
         for par, cell in zip(spec.parents, cells):
-            probs.append(rates[cell] * (probs[par] if par >= 0 else 1.0))
+            probs.append(rate(cell) * (probs[par] if par >= 0 else 1.0))
         return spec.tokens, spec.parents, probs
 
     def _learn_retrieved(self, seq: np.ndarray) -> None:
@@ -323,8 +323,9 @@ class FusedChoice:
         p, parents, source, extra = self._merged(p, r_tokens, r_parents, r_probs, at)
         raw = p
         if self.settings.calibrate:
-            scale = self.calibration.rates()
-            by_source = (scale[0], scale[0], scale[1], scale[2])  # source bits -> cell max(bits, 1) - 1
+            rate = self.calibration.rate
+            matrix = rate(0)
+            by_source = (matrix, matrix, rate(1), rate(2))  # source bits -> cell max(bits, 1) - 1
             p = [pv * by_source[src] for pv, src in zip(p, source)]
         # t(w) after the step's cached tokens (the root is not cached yet)
         nodes = self.template.choose(p, parents, state.tokens.numel() - 1, self.settings.max_nodes)
