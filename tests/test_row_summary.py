@@ -30,7 +30,7 @@ def reference(x: torch.Tensor, k: int):
 def test_the_kernel_gives_torchs_top_k_and_softmax(packed_kernel, rows, vocab, k):
     """Values and indices are torch's topk's (no ties in random floats), whatever the vocabulary's size
     against the kernel's blocks of 64 (a short last block, fewer blocks than k, one block); the
-    probabilities are the softmax's within float32 rounding."""
+    probabilities are the softmax's within the kernel's exp (3e-6 relative, row_summary.cpp)."""
     assert rs.kernel_ready()
     g = torch.Generator().manual_seed(rows * vocab + k)
     x = torch.randn(rows, vocab, generator=g) * 4
@@ -40,7 +40,7 @@ def test_the_kernel_gives_torchs_top_k_and_softmax(packed_kernel, rows, vocab, k
     assert ours.values.dtype == torch.float32 and ours.indices.dtype == torch.long
     assert torch.equal(ours.values, ref.values) and torch.equal(ours.indices, ref.indices)
     assert ours.log_norm.shape == (rows, 1)
-    torch.testing.assert_close(probabilities(ours).double(), p, rtol=2e-6, atol=1e-12)
+    torch.testing.assert_close(probabilities(ours).double(), p, rtol=3e-6, atol=1e-12)
     bare = row_summary(x, k, normaliser=False)
     assert bare.log_norm is None and torch.equal(bare.indices, ours.indices)
 
@@ -76,7 +76,7 @@ def test_the_torch_path_gives_the_same_summary(torch_ops):
     ours = row_summary(x, 8)
     ref, p = reference(x, 8)
     assert torch.equal(ours.values, ref.values) and torch.equal(ours.indices, ref.indices)
-    # torch's float32 log_softmax over 49,152 logits: within about 1e-5 (the kernel's: 1e-6)
+    # torch's float32 log_softmax over 49,152 logits: within about 1e-5 (the kernel's: 3e-6)
     torch.testing.assert_close(probabilities(ours).double(), p, rtol=3e-5, atol=1e-12)
 
 
