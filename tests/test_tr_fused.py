@@ -329,6 +329,40 @@ def test_the_learning_kernel_counts_what_numpy_counts(packed_kernel, pooled):
         assert np.array_equal(a.pool.trials, b.pool.trials) and np.array_equal(a.pool.hits, b.pool.hits)
 
 
+def test_the_bucket_kernel_walks_the_template_as_python_does(packed_kernel):
+    """decoding/goodput_choice.cpp's `template_bucket` against the chooser's Python `_bucket`: emitted tokens that
+    leave the template at once, part way, at a rank-0 or a later child, at a leaf and past it, or none at all."""
+    import numpy as np
+
+    from specbench.decoding.transfers import HostCopy
+
+    rng = np.random.default_rng(2)
+    gs = [FusedTokenRecycling(vocab_size=50, cost_curve=FLAT).chooser.template for _ in range(2)]
+    gs[1].host_kernels = False
+    tree = gs[0].tree
+    seen = {0: 0, 1: 0}
+    for step in range(300):
+        tokens = torch.from_numpy(rng.integers(0, 6, tree.size))  # few tokens: siblings share some
+        node, cont = 0, []
+        for _ in range(rng.integers(0, tree.max_depth + 2)):  # down random children, mostly rank 0
+            kids = tree.children[node]
+            if not kids:
+                cont.append(int(rng.integers(0, 6)))  # past the template's depth
+                break
+            node = kids[0] if rng.random() < 0.6 else kids[rng.integers(0, len(kids))]
+            cont.append(int(tokens[node]))
+        if cont and rng.random() < 0.2:
+            cont[-1] = 40 + int(rng.integers(0, 5))  # a token no child holds
+        seq = torch.tensor([int(tokens[0]), *cont])
+        got = []
+        for g in gs:
+            g._last = (0, HostCopy(tokens, True))
+            got.append(g._bucket(seq))
+        assert got[0] == got[1], (step, cont)
+        seen[got[0]] += 1
+    assert min(seen.values()) > 30
+
+
 @pytest.mark.parametrize("pooled,prior_steps", [(True, None), (False, None), (True, 0.0), (False, 0.0)])
 def test_the_estimate_kernel_gives_the_numpy_cells_and_estimates(packed_kernel, pooled, prior_steps):
     """decoding/goodput_choice.cpp's `template_probabilities` against the chooser's numpy: the same cells

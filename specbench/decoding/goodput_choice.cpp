@@ -20,6 +20,11 @@
 //     for every child c of the root and of each node on that path, in that order, a hit where c is on the path:
 //     trials[cell] += weight, hits[cell] += weight or 0 (RateTable.add_many's np.add.at: the same doubles, in
 //     the same order); with `pools` (a PooledRateTable's), the same into each cell's pool.
+//   template_bucket(tokens, seq, from, kid_start, kids) -> 0 or 1: a step's context bucket (`GoodputSubtree._bucket`):
+//     the decided tokens seq[from:] (the previous step's emitted tokens, this step's root last) walked down the
+//     previous step's template (tokens, root first; children as for learn_counterfactual), each at the first child
+//     holding it: 1 when the walk leaves the template below a leaf (a fully predicted chain) or ends at a rank-0
+//     child, 0 when a token is no child's or the last is a later rank's (or there is none).
 //
 // Why kernels of our own: TR's adaptive and fused drafters estimate and choose every step; in numpy each
 // is a Python pass over the template and a handful of array calls of a few microseconds, together about
@@ -213,6 +218,31 @@ int64_t learn_counterfactual(const at::Tensor& tokens, const at::Tensor& seq, in
   return static_cast<int64_t>(on_path.size()) - 1;
 }
 
+int64_t template_bucket(const at::Tensor& tokens, const at::Tensor& seq, int64_t from, const at::Tensor& kid_start,
+                        const at::Tensor& kids) {
+  for (const at::Tensor* t : {&tokens, &seq, &kid_start, &kids})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device().is_cpu(),
+                "template_bucket: int64 contiguous CPU tokens, sequence and children");
+  const int64_t n = tokens.numel() - 1;
+  TORCH_CHECK(seq.dim() == 1 && from >= 0 && kid_start.numel() == n + 2 && kids.numel() == n,
+              "template_bucket: a 1-D sequence, children in CSR form for every template node");
+  const int64_t* tok = tokens.data_ptr<int64_t>();
+  const int64_t* start = kid_start.data_ptr<int64_t>();
+  const int64_t* kid = kids.data_ptr<int64_t>();
+  const int64_t* next = seq.data_ptr<int64_t>();
+  bool rank0 = false;
+  for (int64_t d = from, node = 0; d < seq.numel(); ++d) {
+    if (start[node] == start[node + 1]) return 1;  // past the template's depth
+    int64_t found = -1;
+    for (int64_t i = start[node]; i < start[node + 1] && found < 0; ++i)
+      if (tok[kid[i]] == next[d]) found = kid[i];
+    if (found < 0) return 0;
+    rank0 = found == kid[start[node]];
+    node = found;
+  }
+  return rank0 ? 1 : 0;
+}
+
 }  // namespace specbench::host
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
@@ -226,4 +256,6 @@ TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("learn_counterfactual(Tensor tokens, Tensor seq, int from, int length, Tensor kid_start, Tensor kids, Tensor cells, "
         "Tensor(a!) trials, Tensor(b!) hits, float weight, Tensor pools, Tensor(c!) pool_trials, Tensor(d!) pool_hits, "
         "float pool_weight) -> int", &specbench::host::learn_counterfactual);
+  m.def("template_bucket(Tensor tokens, Tensor seq, int from, Tensor kid_start, Tensor kids) -> int",
+        &specbench::host::template_bucket);
 }

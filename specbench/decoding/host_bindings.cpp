@@ -40,6 +40,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                      pool_weight);
   });
   m.def("learn_counterfactual", &h::learn_counterfactual);
+  m.def("template_bucket", &h::template_bucket);
   m.def("sample_keyed", [](const at::Tensor& scores, int64_t key, const std::vector<int64_t>& positions,
                            const at::Tensor& table, const at::Tensor& low, const at::Tensor& high) {
     return h::sample_keyed(scores, key, positions, table, low, high);

@@ -47,6 +47,8 @@ int64_t learn_counterfactual(const at::Tensor& tokens, const at::Tensor& seq, in
                              const at::Tensor& kids, const at::Tensor& cells, at::Tensor trials, at::Tensor hits,
                              double weight, const at::Tensor& pools, at::Tensor pool_trials, at::Tensor pool_hits,
                              double pool_weight);
+int64_t template_bucket(const at::Tensor& tokens, const at::Tensor& seq, int64_t from, const at::Tensor& kid_start,
+                        const at::Tensor& kids);
 
 // keyed_sampling.cpp
 at::Tensor sample_keyed(const at::Tensor& scores, int64_t key, at::ArrayRef<int64_t> positions,

@@ -28,6 +28,12 @@ def on_host(device) -> bool:
     return torch.device(device).type == "cpu" and not _STANDING_IN
 
 
+def on_host_now() -> bool:
+    """`on_host` for a device already found to be a CPU: false only while a SyncAudit audits the CPU (a
+    device check, as `on_host` makes, costs microseconds a step)."""
+    return not _STANDING_IN
+
+
 def to_device(data, device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """`data` (a list or a host tensor) on `device`; on CUDA an asynchronous copy from pinned memory."""
     device = torch.device(device)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from specbench.decoding.sampling import KeyedNoise, gumbel_table
-from specbench.decoding.transfers import on_host, to_device
+from specbench.decoding.transfers import on_host, on_host_now, to_device
 from specbench.draft import DraftTree, StepOutcome
 from specbench.drafting.recycling_statistics import RecyclingStatistics
 from specbench.drafting.row_summary import kernel_ready, probabilities, row_summary
@@ -247,7 +247,7 @@ class Recycling:
         a dozen small torch indexing calls cost several times more there than the gathers."""
         probs = self.probs if confidences else None
         size = self.template.size
-        if on_host(self.device):
+        if self.host is not None and on_host_now():  # the host views: a CPU, asked at construction
             if kernel_ready():
                 parents, rank, _ = self.host_nodes
                 tokens, conf = host_kernels().expand_template(self.matrix, probs, parents, rank, root)

@@ -190,15 +190,18 @@ class GoodputSubtree:
         group = (agreed * self._buckets + bucket) * self._depths + self._depth_class[node - 1]
         return (group * 3 + self._rank_class[node - 1]) * (self.BINS + 1) + b
 
-    def _bucket(self, seq: np.ndarray) -> int:
+    def _bucket(self, seq: torch.Tensor) -> int:
         """1 when the root (the last decided token) was its predecessor's rank-0 candidate in the
-        previous step's template, else 0. Known whatever the previous step drafted."""
+        previous step's template, else 0. Known whatever the previous step drafted. `seq`: the decided
+        tokens on the host."""
         if not self.settings.context_buckets or self._last is None:
             return 0
         root_at, host = self._last
+        if self.host_kernels and self.confidence:  # the same walk in one call (decoding/goodput_choice.cpp)
+            return host_kernels().template_bucket(host.wait(), seq, root_at + 1, *self._kid_csr)
         tokens = host.tolist()  # the previous step's copy: the engine has synchronised since
         node, hit = 0, False
-        for tok in seq[root_at + 1 :].tolist():  # the previous step's emitted tokens, root last (a numpy view)
+        for tok in seq.numpy()[root_at + 1 :].tolist():  # the previous step's emitted tokens, root last
             kids = self.tree.children[node]
             if not kids:  # past the template's depth: a fully predicted chain led here
                 return 1
@@ -338,7 +341,7 @@ class GoodputSubtree:
         self._learn(seq)
         # numpy's view for the reads: after a CPU forward a torch slice or index costs several times numpy's
         host_seq = seq.numpy()
-        bucket = self._bucket(host_seq)
+        bucket = self._bucket(seq)
         tokens, conf = self._expand_with_confidence(int(host_seq[-1]), seq.numel() - 1)
         # The template's tokens are read steps later, when the copy has long arrived: started now,
         # waited on then (confidences are read now: on an accelerator the sync the docstring mentions).
