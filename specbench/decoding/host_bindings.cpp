@@ -40,6 +40,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                      pool_weight);
   });
   m.def("learn_counterfactual", &h::learn_counterfactual);
+  // The two kernels a TR chooser calls every step with a dozen tensors that live as long as it does (its rate
+  // table's counts and prior, its template's cells, parents and children): bound to them once, a call converts
+  // only the step's own arguments. After a CPU forward has swept the caches each conversion costs again.
+  m.def("bind_template_probabilities", [](at::Tensor node_cells, at::Tensor parents, int64_t bins, at::Tensor trials,
+                                          at::Tensor hits, at::Tensor prior, double prior_steps, at::Tensor pools,
+                                          at::Tensor pool_trials, at::Tensor pool_hits, at::Tensor pool_prior) {
+    return pybind11::cpp_function([=](const at::Tensor& conf, int64_t group, const std::vector<int64_t>& agreed,
+                                      int64_t agreed_offset, double weight, double pool_weight) {
+      return h::template_probabilities(conf, node_cells, parents, bins, group, agreed, agreed_offset, trials, hits,
+                                       prior, weight, prior_steps, pools, pool_trials, pool_hits, pool_prior,
+                                       pool_weight);
+    });
+  });
+  m.def("bind_learn_counterfactual", [](at::Tensor kid_start, at::Tensor kids, at::Tensor trials, at::Tensor hits,
+                                        at::Tensor pools, at::Tensor pool_trials, at::Tensor pool_hits) {
+    return pybind11::cpp_function([=](const at::Tensor& tokens, const at::Tensor& seq, int64_t from, int64_t length,
+                                      const at::Tensor& cells, double weight, double pool_weight) {
+      return h::learn_counterfactual(tokens, seq, from, length, kid_start, kids, cells, trials, hits, weight, pools,
+                                     pool_trials, pool_hits, pool_weight);
+    });
+  });
   m.def("template_bucket", &h::template_bucket);
   m.def("sample_keyed", [](const at::Tensor& scores, int64_t key, const std::vector<int64_t>& positions,
                            const at::Tensor& table, const at::Tensor& low, const at::Tensor& high) {

@@ -222,6 +222,11 @@ class RateTable:
         """Trials were added in place (`counts`): the rates are made afresh."""
         self._rates = None
 
+    def weights(self) -> tuple[float, float]:
+        """(weight, pool weight) as `counts` and `terms` give them: what changes between steps of a kernel bound to
+        this table's arrays."""
+        return self.weight, 0.0
+
     def terms(self) -> tuple:
         """What a kernel that makes q(c) of a few cells reads, as `rate_array` makes them (goodput_choice.cpp's
         `template_probabilities`): (trials, hits, prior, weight, prior_steps, pools, pool trials, pool hits,
@@ -309,6 +314,9 @@ class PooledRateTable(RateTable):
     def counted(self) -> None:
         super().counted()
         self.pool.counted()
+
+    def weights(self) -> tuple[float, float]:
+        return self.weight, self.pool.weight
 
     def terms(self) -> tuple:
         pools, pool_trials, pool_hits = self.counts()[3:6]

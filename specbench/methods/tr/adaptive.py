@@ -157,6 +157,11 @@ class GoodputSubtree:
             # a cell's confidence bin is its index's last digit in base BINS + 1 (_cell)
             self.rates = (PooledRateTable(prior, [c % (self.BINS + 1) for c in range(len(prior))], steps, life)
                           if self.settings.pooled_prior else RateTable(prior, steps, life))
+            if self.host_kernels:  # our two per-step kernels bound to this table and template once
+                t = self.rates.terms()  # trials, hits, prior, weight, prior steps, pools, their trials, hits, prior
+                self._estimate = host_kernels().bind_template_probabilities(
+                    self._node_cells_host, self._parents_host, self.BINS, *t[:3], t[4], *t[5:9])
+                self._count = host_kernels().bind_learn_counterfactual(*self._kid_csr, *t[:2], *t[5:8])
         else:
             prior = prior_probabilities(self.tree.depths.tolist()[1:], ranks, s.prior_per_depth)
             self.stats = AcceptanceStats(prior, prior_steps if prior_steps is not None else 8,
@@ -221,9 +226,8 @@ class GoodputSubtree:
             if conf is not None and self.host_kernels:  # the same counts in one call (decoding/goodput_choice.cpp)
                 host = tokens.wait() if isinstance(tokens, HostCopy) else tokens
                 # the sequence itself and where the continuation starts: no slice made (a torch call a step)
-                host_kernels().learn_counterfactual(
-                    host, seq, root_at + 1, depth, *self._kid_csr,
-                    cells if isinstance(cells, torch.Tensor) else torch.from_numpy(cells), *self.rates.counts())
+                self._count(host, seq, root_at + 1, depth,
+                            cells if isinstance(cells, torch.Tensor) else torch.from_numpy(cells), *self.rates.weights())
                 self.rates.counted()
                 self.rates.next_step()
                 continue
@@ -249,9 +253,8 @@ class GoodputSubtree:
         if self.host_kernels:  # the same cells and estimates in one call (decoding/goodput_choice.cpp)
             bucket_cells = (self.BINS + 1) * 3 * self._depths  # `_cell`'s numbering
             offset = self._buckets * bucket_cells if agreed and self.agreement_classes > 1 else 0
-            cells, p = host_kernels().template_probabilities(
-                conf, self._node_cells_host, self._parents_host, self.BINS, bucket * bucket_cells,
-                list(agreed) if offset else [], offset, *self.rates.terms())  # q of these cells alone
+            cells, p = self._estimate(conf, bucket * bucket_cells, list(agreed) if offset else [], offset,
+                                      *self.rates.weights())  # q of these cells alone
             self._pending[-1][5] = cells  # as the kernel made it: the learning kernel reads it as it is
             return p
         cells = self._pending[-1][5] = self._cells(conf.numpy()[1:], bucket, agreed)  # learnt in later, as it was
