@@ -5,6 +5,7 @@ what measured questions taught it. Spec-Bench's protocol (warmup_on=first_questi
 from __future__ import annotations
 
 import random
+import types
 from collections import deque
 
 import pytest
@@ -34,6 +35,8 @@ def state_of(obj, depth: int = 0):
         return obj
     if isinstance(obj, torch.nn.Module):  # weights (Medusa heads) are loaded, never learnt
         return type(obj).__name__
+    if isinstance(obj, types.BuiltinFunctionType):  # a kernel bound to the drafter's arrays, compared through them
+        return ("bound", obj.__name__)
     if isinstance(obj, DraftTree):  # a tree is its parents; masks and child lists are lazy caches
         return ("DraftTree", obj.parents)
     if isinstance(obj, StepTimes):  # t(w) per context bucket, tabled on first use: a lazy cache
