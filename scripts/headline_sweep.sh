@@ -20,9 +20,9 @@
 # main's specbench/ has moved on, run the pinned commit's code from a worktree:
 #   git worktree add --detach ../sweep <commit in pinned> && CODE=../sweep bash scripts/headline_sweep.sh
 # (the script, OUT and the records stay in this checkout). A block is made on one machine: one left half-done on
-# another host is refused until its runs are removed. A finished block is packed as blocks/<block>.tar.xz,
-# committed once and then removed from main (the checkout leaves room for a GPU pack); --restore takes each
-# from the commit that added it.
+# another host is refused until its runs are removed. A finished block task:T:r:group is packed as
+# blocks/task-tT-rR-group.tar.xz, committed once and then removed from main (the checkout leaves room for a GPU
+# pack); --restore takes each from the commit that added it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/cpu-headline-tasks}
@@ -85,8 +85,10 @@ with initialize_config_dir(config_dir=os.path.abspath(conf), version_base=None):
 
 block_dirs() { awk -F'\t' -v b="$1" '$1 == b { print $2 }' <<<"$BLOCK_TABLE"; }
 
+stem() { IFS=: read -r task t r group <<<"$1"; echo "$task-t$t-r$r-$group"; }  # a block's files' name
+
 packed_in() {  # block -> the commit that added its archive (empty if none)
-  git log --diff-filter=A --format=%h -1 -- "$OUT/blocks/$1.tar.xz" 2>/dev/null || true
+  git log --diff-filter=A --format=%h -1 -- "$OUT/blocks/$(stem "$1").tar.xz" 2>/dev/null || true
 }
 
 block_state() {  # block -> done | packed | partial | todo
@@ -100,11 +102,13 @@ block_state() {  # block -> done | packed | partial | todo
   if [ "$finished" = "$n" ]; then echo done; elif [ "$started" -gt 0 ]; then echo partial; else echo todo; fi
 }
 
-pack() {  # block: its finished runs, with their record, into blocks/<block>.tar.xz
+pack() {  # block: its finished runs, with their record, into blocks/<stem>.tar.xz
   local block=$1 dirs
   mapfile -t dirs < <(block_dirs "$block")
-  tar cJf "$OUT/blocks/$block.tar.xz" -C "$OUT" "${dirs[@]#"$OUT"/}" "blocks/$block.host"
-  echo "$block: packed into $OUT/blocks/$block.tar.xz; commit it, then remove it from main"
+  # the answers, settings, summaries and curves; not what they remake (plots) or the run's wandb copy
+  tar cJf "$OUT/blocks/$(stem "$block").tar.xz" --exclude=wandb --exclude=plots --exclude=run.lock -C "$OUT" \
+    "${dirs[@]#"$OUT"/}" "blocks/$(stem "$block").host"
+  echo "$block: packed into $OUT/blocks/$(stem "$block").tar.xz; commit it, then remove it from main"
 }
 
 mkdir -p "$OUT/blocks"
@@ -118,14 +122,14 @@ case ${1:-} in
     while read -r block; do
       state=$(block_state "$block")
       where=""
-      [ "$state" = packed ] && where="in $(packed_in "$block"), made on $(git show "$(packed_in "$block"):$OUT/blocks/$block.tar.xz" | tar xJO "blocks/$block.host" 2>/dev/null | head -1)"
+      [ "$state" = packed ] && where="in $(packed_in "$block"), made on $(git show "$(packed_in "$block"):$OUT/blocks/$(stem "$block").tar.xz" | tar xJO "blocks/$(stem "$block").host" 2>/dev/null | head -1)"
       printf '%-28s %-8s %s\n' "$block" "$state" "$where"
     done < <(all_blocks)
     exit 0 ;;
   --restore)
     while read -r block; do
       c=$(packed_in "$block")
-      [ -n "$c" ] && git show "$c:$OUT/blocks/$block.tar.xz" | tar xJ -C "$OUT" && echo "$block: from $c"
+      [ -n "$c" ] && git show "$c:$OUT/blocks/$(stem "$block").tar.xz" | tar xJ -C "$OUT" && echo "$block: from $c"
     done < <(all_blocks)
     PYTHONPATH="$CODE" python "$CODE/scripts/make_tables.py" "$OUT"
     exit 0 ;;
@@ -143,26 +147,28 @@ for block in $BLOCKS; do
   IFS=: read -r task t r group <<<"$block"
   settings=$(task_settings "$task")
   state=$(block_state "$block")
+  record="$OUT/blocks/$(stem "$block").host"  # the machine, and when the block began and finished
   case $state in
     packed) echo "$block: done, in $(packed_in "$block")"; continue ;;
-    done) [ -f "$OUT/blocks/$block.tar.xz" ] || pack "$block"; continue ;;
-    partial) if [ "$(head -1 "$OUT/blocks/$block.host" 2>/dev/null)" != "$host" ]; then
-               echo "error: block $block was begun on another machine ($(head -1 "$OUT/blocks/$block.host" 2>/dev/null || echo unknown));" \
-                    "remove its unfinished runs and $OUT/blocks/$block.host, then run it again" >&2
+    done) [ -f "$OUT/blocks/$(stem "$block").tar.xz" ] || pack "$block"; continue ;;
+    partial) if [ "$(head -1 "$record" 2>/dev/null)" != "$host" ]; then
+               echo "error: block $block was begun on another machine ($(head -1 "$record" 2>/dev/null || echo unknown));" \
+                    "remove its unfinished runs and $record, then run it again" >&2
                exit 2
              fi ;;
-    todo) echo "$host" > "$OUT/blocks/$block.host" ;;
+    todo) echo "$host" > "$record" ;;
   esac
   mapfile -t order < <(group_methods "$group")
   if (( r % 2 == 0 )); then  # every other repeat in reverse, so no method always runs first
     mapfile -t order < <(printf '%s\n' "${order[@]}" | tac)
   fi
-  echo "$block: $state, on $host, $(date -u +%FT%TZ)"
+  echo "began $(date -u +%FT%TZ)" >> "$record"
+  echo "$block: $state, on $host"
   for m in "${order[@]}"; do
     # shellcheck disable=SC2086  # a method line and a task are several settings each
     PYTHONPATH="$CODE" python "$CODE/run.py" method=$m $settings temperature="$t" repeat="$r" \
       baseline=interleave compile=on progress=false results_root="$(realpath "$OUT")"
   done
-  echo "finished $(date -u +%FT%TZ)" >> "$OUT/blocks/$block.host"
+  echo "finished $(date -u +%FT%TZ)" >> "$record"
   pack "$block"
 done
