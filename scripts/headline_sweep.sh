@@ -4,7 +4,7 @@
 # (baseline=interleave), the embedded SmolLM2-135M in float32, compiled, every token checked, each run pricing
 # its trees on the day's quick curve (cost_curve=auto, the default).
 #
-# On this 2-core CPU the whole sweep is about a day of compute, more than a session holds, so it runs in
+# On this 2-core CPU the whole sweep is about two days of compute, more than a session holds, so it runs in
 # blocks: a block is one task at one temperature in one repeat, for one group of methods:
 #   lead: the methods that contend for a column's lead (TR's family with its ablations, Suffix Decoding, PLD,
 #         SAM-Decoding), so a column's contenders always meet one machine in a block;
@@ -12,7 +12,7 @@
 # Every run's speedup is against its own interleaved AR, so blocks made on different machines each still
 # compare a method with AR side by side; the block's record names its machine.
 #
-#   bash scripts/headline_sweep.sh --list          # every block: done, partial or to do, and where it is kept
+#   bash scripts/headline_sweep.sh --list          # every block: packed (where, on which machine), done, partial or to do
 #   BLOCKS="code_edit:0:1:lead spec_bench:0.7:1:lead" bash scripts/headline_sweep.sh
 #   bash scripts/headline_sweep.sh --restore       # every finished block's runs back from git, then the tables
 #
@@ -142,7 +142,8 @@ if [ "$tree" != "$pinned_tree" ] || [ -n "$(git -C "$CODE" status --porcelain sp
 fi
 
 BLOCKS=${BLOCKS:-$(all_blocks)}
-host="$(hostname) ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores)"
+# the machine as a block records it; the boot's id tells apart machines that share a hostname and a CPU name
+host="$(hostname) ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores), boot $(cut -c1-8 /proc/sys/kernel/random/boot_id)"
 for block in $BLOCKS; do
   IFS=: read -r task t r group <<<"$block"
   settings=$(task_settings "$task")
