@@ -185,10 +185,11 @@ for block in $BLOCKS; do
     run_method "$block" "$m"
     # A run timed under other load, or whose machine changed speed between it and its AR (its plain steps
     # off AR's: report/timing_marks.py), is run once more right away, alone on the same machine; the marked
-    # run moves to $OUT-marked/ (kept, out of the tables) and the block's record says why.
+    # run moves to $OUT-marked/ (kept, out of the tables) and the block's record says why. Once only: a block
+    # resumed after a rerun that is still marked keeps it (the tables mark it), rather than rerun it again.
     d=$(run_dir "$block" "$m")
     why=$(timing_mark "$d")
-    if [ -n "$why" ]; then
+    if [ -n "$why" ] && ! grep -qF "rerun $m (" "$record"; then
       mkdir -p "$OUT-marked/$(dirname "${d#"$OUT"/}")"
       mv "$d" "$OUT-marked/${d#"$OUT"/}-$(date -u +%Y%m%dT%H%M%SZ)"
       echo "rerun $m ($why) began $(date -u +%FT%TZ)" >> "$record"
